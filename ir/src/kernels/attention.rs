@@ -1,0 +1,112 @@
+//! Attention of one query head over its sliding window plus compressed rows, with a
+//! per-head sink logit whose probability mass is dropped. K = V (one shared KV head).
+use crate::real::Real;
+
+/// Which compressed rows a query sees.
+pub const COMP_NONE: usize = 0;
+/// Every compressed row `i < (t+1)/ratio` (HCA).
+pub const COMP_CAUSAL: usize = 1;
+/// The rows the indexer selected (CSA); -1 entries are unused picks.
+pub const COMP_SELECTED: usize = 2;
+
+/// Work item = (token, head). `win` holds window keys for positions `win_pos0 ..`,
+/// `comp` the compressed rows, `sel` `[T, k_sel]` indexer picks.
+#[allow(clippy::too_many_arguments)]
+pub fn attention<F: Real>(
+    item: usize,
+    out: &mut [F],
+    q: &[F],
+    win: &[F],
+    comp: &[F],
+    sel: &[i32],
+    sinks: &[F],
+    heads: usize,
+    hd: usize,
+    pos0: usize,
+    win_pos0: usize,
+    n_win: usize,
+    window: usize,
+    n_comp: usize,
+    comp_mode: usize,
+    ratio: usize,
+    k_sel: usize,
+    scale: F,
+) {
+    let t = item / heads;
+    let h = item % heads;
+    let pos = pos0 + t;
+    let qb = item * hd;
+    // Window keys at positions (pos - window, pos].
+    let mut lo = 0;
+    if pos + 1 > window + win_pos0 {
+        lo = pos + 1 - window - win_pos0;
+    }
+    let hi = (pos + 1 - win_pos0).min(n_win);
+    let mut visible_comp = 0;
+    if comp_mode == COMP_CAUSAL {
+        visible_comp = ((pos + 1) / ratio).min(n_comp);
+    }
+    if comp_mode == COMP_SELECTED {
+        visible_comp = k_sel;
+    }
+    // Pass 1: the max logit, the sink included.
+    let mut mx = sinks[h];
+    for j in lo..hi {
+        let mut s = F::zero();
+        for c in 0..hd {
+            s += q[qb + c] * win[j * hd + c];
+        }
+        mx = mx.max(s * scale);
+    }
+    for jj in 0..visible_comp {
+        let mut r = jj as i32;
+        if comp_mode == COMP_SELECTED {
+            r = sel[t * k_sel + jj];
+        }
+        if r >= 0 {
+            let rb = (r as usize) * hd;
+            let mut s = F::zero();
+            for c in 0..hd {
+                s += q[qb + c] * comp[rb + c];
+            }
+            mx = mx.max(s * scale);
+        }
+    }
+    // Pass 2: softmax weights and the weighted sum of values (= keys).
+    let mut sum = (sinks[h] - mx).exp();
+    for c in 0..hd {
+        out[c] = F::zero();
+    }
+    for j in lo..hi {
+        let mut s = F::zero();
+        for c in 0..hd {
+            s += q[qb + c] * win[j * hd + c];
+        }
+        let p = (s * scale - mx).exp();
+        sum += p;
+        for c in 0..hd {
+            out[c] += p * win[j * hd + c];
+        }
+    }
+    for jj in 0..visible_comp {
+        let mut r = jj as i32;
+        if comp_mode == COMP_SELECTED {
+            r = sel[t * k_sel + jj];
+        }
+        if r >= 0 {
+            let rb = (r as usize) * hd;
+            let mut s = F::zero();
+            for c in 0..hd {
+                s += q[qb + c] * comp[rb + c];
+            }
+            let p = (s * scale - mx).exp();
+            sum += p;
+            for c in 0..hd {
+                out[c] += p * comp[rb + c];
+            }
+        }
+    }
+    for c in 0..hd {
+        out[c] = out[c] / sum;
+    }
+}

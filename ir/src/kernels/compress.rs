@@ -1,0 +1,89 @@
+//! Compressed attention: pooling a window of tokens into one compressed row, and the
+//! lightning indexer that picks which compressed rows a query may use.
+use crate::real::Real;
+
+/// One compressed row: per channel, a softmax over the row's `slots` of the gate values,
+/// weighting the kv values. `kv`, `gate` are `[rows, slots, w]`; an absent slot carries
+/// gate = -inf (weight 0).
+pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], slots: usize, w: usize) {
+    let base = item * slots * w;
+    for c in 0..w {
+        let mut mx = F::neg_infinity();
+        for s in 0..slots {
+            mx = mx.max(gate[base + s * w + c]);
+        }
+        let mut sum = F::zero();
+        let mut acc = F::zero();
+        for s in 0..slots {
+            let g = gate[base + s * w + c];
+            if g > F::neg_infinity() {
+                let e = (g - mx).exp();
+                sum += e;
+                acc += e * kv[base + s * w + c];
+            }
+        }
+        out[c] = acc / sum;
+    }
+}
+
+/// Indexer scores of one query token against every compressed indexer row:
+/// `Σ_h w_h · relu(q_h · k) / sqrt(dk)`, with `w` already scaled by `1/sqrt(heads)`.
+/// Rows the query may not see yet get -inf.
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_scores<F: Real>(
+    item: usize,
+    out: &mut [F],
+    q: &[F],
+    w: &[F],
+    rows: &[F],
+    n_rows: usize,
+    heads: usize,
+    dk: usize,
+    pos0: usize,
+    ratio: usize,
+) {
+    let visible = (pos0 + item + 1) / ratio;
+    let scale = F::one() / F::from_usize(dk).sqrt();
+    for r in 0..n_rows {
+        let mut s = F::neg_infinity();
+        if r < visible {
+            s = F::zero();
+            for h in 0..heads {
+                let mut dot = F::zero();
+                for c in 0..dk {
+                    dot += q[(item * heads + h) * dk + c] * rows[r * dk + c];
+                }
+                s += w[item * heads + h] * dot.max(F::zero()) * scale;
+            }
+        }
+        out[r] = s;
+    }
+}
+
+/// Top-k of one row of `n` scores, ties to the lower index, -inf entries never chosen;
+/// missing picks are -1. Picks come out in descending (score, -index) order.
+pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: usize) {
+    let base = item * n;
+    let mut prev_s = F::zero();
+    let mut prev_i = 0;
+    for p in 0..k {
+        let mut best = n;
+        let mut best_s = F::neg_infinity();
+        for j in 0..n {
+            let s = scores[base + j];
+            // Only candidates strictly after the previous pick in (score desc, index asc) order.
+            let after = p == 0 || s < prev_s || (s == prev_s && j > prev_i);
+            if after && s > F::neg_infinity() && (best == n || s > best_s) {
+                best = j;
+                best_s = s;
+            }
+        }
+        if best == n {
+            out[p] = -1;
+        } else {
+            out[p] = best as i32;
+            prev_s = best_s;
+            prev_i = best;
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The router (sqrtsoftplus scores, biased or hashed selection, normalized weights) and
+//! the clamped SwiGLU of the experts.
+use crate::real::Real;
+
+/// `sqrt(softplus(x))` for one row of `n` router logits (softplus linear above 20, as torch).
+pub fn router_scores<F: Real>(item: usize, out: &mut [F], logits: &[F], n: usize) {
+    for e in 0..n {
+        let x = logits[item * n + e];
+        let mut sp = x;
+        if x <= F::from_f64(20.0) {
+            sp = x.exp().ln_1p();
+        }
+        out[e] = sp.sqrt();
+    }
+}
+
+/// Selection scores: router scores plus the selection bias (used for choosing only).
+pub fn router_biased<F: Real>(item: usize, out: &mut [F], scores: &[F], bias: &[F], n: usize) {
+    for e in 0..n {
+        out[e] = scores[item * n + e] + bias[e];
+    }
+}
+
+/// Hash routing: the experts of token `ids[t]` from the `[vocab, k]` table.
+pub fn router_hash(item: usize, out: &mut [i32], ids: &[i32], table: &[i32], k: usize) {
+    let tok = ids[item] as usize;
+    for j in 0..k {
+        out[j] = table[tok * k + j];
+    }
+}
+
+/// Expert weights `scale · s_e / Σ_sel s` (or `scale · s_e` without normalization).
+pub fn router_weights<F: Real>(
+    item: usize,
+    out: &mut [F],
+    scores: &[F],
+    sel: &[i32],
+    n: usize,
+    k: usize,
+    scale: F,
+    normalize: bool,
+) {
+    let mut sum = F::zero();
+    for j in 0..k {
+        sum += scores[item * n + sel[item * k + j] as usize];
+    }
+    for j in 0..k {
+        let s = scores[item * n + sel[item * k + j] as usize];
+        if normalize {
+            out[j] = scale * s / (sum + F::from_f64(1e-20));
+        } else {
+            out[j] = scale * s;
+        }
+    }
+}
+
+/// Clamped SwiGLU of one row: `silu(min(g, c)) · clamp(u, -c, c)`.
+pub fn swiglu<F: Real>(item: usize, out: &mut [F], g: &[F], u: &[F], n: usize, clamp: F) {
+    for i in 0..n {
+        let gv = g[item * n + i].min(clamp);
+        let uv = u[item * n + i].max(-clamp).min(clamp);
+        out[i] = gv / (F::one() + (-gv).exp()) * uv;
+    }
+}

@@ -1,0 +1,38 @@
+//! RMSNorm over the last dimension: x / sqrt(mean(x²) + eps), times a weight if present.
+use crate::real::Real;
+
+/// One row of `n` values, scaled by `w`.
+pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize, eps: F) {
+    let base = item * n;
+    let mut ss = F::zero();
+    for i in 0..n {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
+    for i in 0..n {
+        out[i] = x[base + i] * inv * w[i];
+    }
+}
+
+/// One row of `n` values, no weight (the per-head q norm and the HC input norm).
+pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, eps: F) {
+    let base = item * n;
+    let mut ss = F::zero();
+    for i in 0..n {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
+    for i in 0..n {
+        out[i] = x[base + i] * inv;
+    }
+}
+
+/// Elementwise sum of two rows of `n`.
+pub fn add<F: Real>(item: usize, out: &mut [F], a: &[F], b: &[F], n: usize) {
+    let base = item * n;
+    for i in 0..n {
+        out[i] = a[base + i] + b[base + i];
+    }
+}

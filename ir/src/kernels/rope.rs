@@ -1,0 +1,37 @@
+//! Interleaved RoPE on the last `n_rot` channels of each head.
+//!
+//! Work item = one head of one row. Row `t` sits at position `(pos_base + t) · pos_mult`
+//! (tokens: base = first position, mult = 1; compressed rows: base = first new row index,
+//! mult = ratio). `sign = -1` applies the inverse rotation (attention output).
+use crate::real::Real;
+
+#[allow(clippy::too_many_arguments)]
+pub fn rope<F: Real>(
+    item: usize,
+    out: &mut [F],
+    x: &[F],
+    inv_freq: &[F],
+    heads: usize,
+    hd: usize,
+    n_rot: usize,
+    pos_base: usize,
+    pos_mult: usize,
+    sign: F,
+) {
+    let t = item / heads;
+    let base = item * hd;
+    let pos = F::from_usize((pos_base + t) * pos_mult);
+    let nope = hd - n_rot;
+    for i in 0..nope {
+        out[i] = x[base + i];
+    }
+    for p in 0..n_rot / 2 {
+        let ang = pos * inv_freq[p];
+        let c = ang.cos();
+        let s = ang.sin() * sign;
+        let a = x[base + nope + 2 * p];
+        let b = x[base + nope + 2 * p + 1];
+        out[nope + 2 * p] = a * c - b * s;
+        out[nope + 2 * p + 1] = b * c + a * s;
+    }
+}

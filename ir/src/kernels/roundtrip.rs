@@ -1,0 +1,103 @@
+//! Activation round trips that DS4 inference applies on purpose (quantization-aware
+//! training made the model expect them): FP8 E4M3 on the non-RoPE KV channels, and a
+//! 128-point Hadamard transform followed by FP4 E2M1 on the lightning indexer.
+use crate::real::Real;
+
+/// Nearest E4M3 value of `v` (|v| ≤ 448), ties to the even code.
+fn e4m3_round<F: Real>(v: F) -> F {
+    let a = v.abs();
+    // Normal numbers have 3 mantissa bits; below 2^-6 the spacing is the subnormal 2^-9.
+    let mut step = F::from_f64(0.001953125);
+    if a >= F::from_f64(0.015625) {
+        step = (a.ilogb() - F::from_f64(3.0)).exp2();
+    }
+    (v / step).round_even() * step
+}
+
+/// FP8 round trip of the first `n_nope` channels of one row of `w`, in blocks of 64
+/// with a power-of-two scale `2^ceil(log2(amax/448))`, amax floored at 1e-4.
+pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_nope: usize) {
+    let base = item * w;
+    for i in 0..w {
+        out[i] = x[base + i];
+    }
+    let nb = n_nope / 64;
+    for b in 0..nb {
+        let mut amax = F::from_f64(1e-4);
+        for i in 0..64 {
+            amax = amax.max(x[base + b * 64 + i].abs());
+        }
+        let scale = (amax / F::from_f64(448.0)).log2().ceil().exp2();
+        for i in 0..64 {
+            let v = (x[base + b * 64 + i] / scale).max(F::from_f64(-448.0)).min(F::from_f64(448.0));
+            out[b * 64 + i] = e4m3_round(v) * scale;
+        }
+    }
+}
+
+/// Nearest E2M1 value of `v` (|v| ≤ 6) among ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to the
+/// even code (so 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4).
+fn e2m1_round<F: Real>(v: F) -> F {
+    let a = v.abs();
+    let mut q = F::from_f64(6.0);
+    if a <= F::from_f64(0.25) {
+        q = F::zero();
+    } else if a < F::from_f64(0.75) {
+        q = F::from_f64(0.5);
+    } else if a <= F::from_f64(1.25) {
+        q = F::one();
+    } else if a < F::from_f64(1.75) {
+        q = F::from_f64(1.5);
+    } else if a <= F::from_f64(2.5) {
+        q = F::from_f64(2.0);
+    } else if a < F::from_f64(3.5) {
+        q = F::from_f64(3.0);
+    } else if a <= F::from_f64(5.0) {
+        q = F::from_f64(4.0);
+    }
+    if v < F::zero() {
+        q = -q;
+    }
+    q
+}
+
+/// Hadamard transform of one row of 128 (butterflies, then ×1/√128), optionally followed
+/// by an FP4 round trip in blocks of 32 with scale `2^ceil(log2(amax/6))`.
+pub fn hadamard_fp4<F: Real>(item: usize, out: &mut [F], x: &[F], fp4: bool) {
+    let n = 128;
+    let base = item * n;
+    for i in 0..n {
+        out[i] = x[base + i];
+    }
+    let mut h = 1;
+    while h < n {
+        let mut i = 0;
+        while i < n {
+            for j in i..i + h {
+                let a = out[j];
+                let b = out[j + h];
+                out[j] = a + b;
+                out[j + h] = a - b;
+            }
+            i += 2 * h;
+        }
+        h *= 2;
+    }
+    let norm = F::one() / F::from_f64(128.0).sqrt();
+    for i in 0..n {
+        out[i] = out[i] * norm;
+    }
+    if fp4 {
+        for b in 0..4 {
+            let mut amax = F::from_f64(1e-4);
+            for i in 0..32 {
+                amax = amax.max(out[b * 32 + i].abs());
+            }
+            let scale = (amax / F::from_f64(6.0)).log2().ceil().exp2();
+            for i in 0..32 {
+                let v = (out[b * 32 + i] / scale).max(F::from_f64(-6.0)).min(F::from_f64(6.0));
+                out[b * 32 + i] = e2m1_round(v) * scale;
+            }
+        }
+    }
+}
