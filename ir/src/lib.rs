@@ -1,7 +1,13 @@
 //! ds4-ir: dtypes, symbolic shapes, the op set, the typed graph, and the kernel bodies
 //! that are both the float64 reference and the source of every target's kernels.
 pub mod dtype;
+pub mod graph;
 pub mod kernels;
+pub mod op;
 pub mod real;
+pub mod shape;
 pub use dtype::{DType, GgmlType};
+pub use graph::{Graph, NodeId};
+pub use op::{CompMode, IrError, Op, RopePos, Slot, TensorType};
 pub use real::Real;
+pub use shape::{Bind, Dim, Shape};
