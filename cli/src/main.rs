@@ -1,1 +1,42 @@
-fn main() {}
+//! `ds4`: the command line. One file per subcommand; this one parses and dispatches.
+
+mod bench;
+mod common;
+mod inspect_cmd;
+mod logits_cmd;
+mod run_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ds4", version, about = "DeepSeek-V4 inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate tokens from a prompt.
+    Run(run_cmd::RunArgs),
+    /// Write the logits of one prefill to a safetensors file.
+    Logits(logits_cmd::LogitsArgs),
+    /// Print a GGUF file's metadata and tensors.
+    Inspect(inspect_cmd::InspectArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Run(a) => run_cmd::run(a),
+        Cmd::Logits(a) => logits_cmd::run(a),
+        Cmd::Inspect(a) => inspect_cmd::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -11,3 +11,4 @@ pub use graph::{Graph, NodeId};
 pub use op::{CompMode, IrError, Op, RopePos, Slot, TensorType};
 pub use real::Real;
 pub use shape::{Bind, Dim, Shape};
+pub mod quant_shim;

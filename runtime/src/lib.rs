@@ -1,1 +1,7 @@
-
+//! ds4-runtime: weights, the graph executor, per-session state, sessions and sampling.
+pub mod exec;
+pub mod sample;
+pub mod session;
+pub mod state;
+pub mod weights;
+pub use session::{Model, ModelError, Session, SessionOptions};

@@ -27,7 +27,7 @@ pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], 
 }
 
 /// Indexer scores of one query token against every compressed indexer row:
-/// `Σ_h w_h · relu(q_h · k) / sqrt(dk)`, with `w` already scaled by `1/sqrt(heads)`.
+/// `Σ_h (w_h / sqrt(heads)) · relu(q_h · k) / sqrt(dk)`.
 /// Rows the query may not see yet get -inf.
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_scores<F: Real>(
@@ -44,6 +44,7 @@ pub fn indexer_scores<F: Real>(
 ) {
     let visible = (pos0 + item + 1) / ratio;
     let scale = F::one() / F::from_usize(dk).sqrt();
+    let wscale = F::one() / F::from_usize(heads).sqrt();
     for r in 0..n_rows {
         let mut s = F::neg_infinity();
         if r < visible {
@@ -53,7 +54,7 @@ pub fn indexer_scores<F: Real>(
                 for c in 0..dk {
                     dot += q[(item * heads + h) * dk + c] * rows[r * dk + c];
                 }
-                s += w[item * heads + h] * dot.max(F::zero()) * scale;
+                s += dot.max(F::zero()) * scale * (w[item * heads + h] * wscale);
             }
         }
         out[r] = s;

@@ -1,0 +1,46 @@
+//! `ds4 bench`: prefill and decode tokens/s on the CPU target, as CSV.
+
+use crate::common::load_model;
+use anyhow::Result;
+use ds4_runtime::{Session, SessionOptions};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths to prefill, comma-separated.
+    #[arg(long, default_value = "128,512")]
+    pub prefill: String,
+    /// Tokens to decode after each prefill.
+    #[arg(long, default_value_t = 32)]
+    pub gen: usize,
+    /// Prefill chunk size.
+    #[arg(long, default_value_t = 512)]
+    pub chunk: usize,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let model = load_model(a.model.as_deref())?;
+    let vocab = model.hp.vocab as u32;
+    println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,threads");
+    for n in crate::common::parse_tokens(&a.prefill)? {
+        let n = n as usize;
+        // A deterministic prompt of in-vocabulary ids.
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+        let mut s: Session<f32> = Session::new(&model, SessionOptions::default());
+        let t0 = Instant::now();
+        let logits = s.prefill(&ids, a.chunk)?;
+        let pt = t0.elapsed().as_secs_f64();
+        let mut next = ds4_runtime::sample::argmax(&logits[logits.len() - vocab as usize..]) as u32;
+        let t1 = Instant::now();
+        for _ in 0..a.gen {
+            let l = s.feed(&[next])?;
+            next = ds4_runtime::sample::argmax(&l) as u32;
+        }
+        let gt = t1.elapsed().as_secs_f64();
+        println!("{},{},{:.1},{},{:.1},{},{}", n + a.gen, n, n as f64 / pt, a.gen, a.gen as f64 / gt.max(1e-9), s.state_bytes(), rayon::current_num_threads());
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! What several subcommands share: loading a model (or the embedded default) and parsing
+//! token lists.
+
+use anyhow::{anyhow, Context, Result};
+use ds4_model::gguf::GgufFile;
+use ds4_model::synthetic::{build, SynthConfig};
+use ds4_runtime::Model;
+use std::path::Path;
+
+/// Load `path`, or build the embedded default model in memory when there is none.
+pub fn load_model(path: Option<&Path>) -> Result<Model> {
+    match path {
+        Some(p) => Model::load(p).with_context(|| format!("loading {}", p.display())),
+        None => {
+            let cfg = SynthConfig::tiny_default();
+            eprintln!(
+                "ds4: no --model given; using the embedded default: a tiny DS4-architecture model ({} layers, D={}) with RANDOM weights (seed {:#x}), so its output is noise",
+                cfg.n_layer, cfg.d, cfg.seed
+            );
+            let file = GgufFile::from_bytes(build(&cfg)?).context("building the embedded default model")?;
+            Ok(Model::from_gguf(file)?)
+        }
+    }
+}
+
+/// "0,5,9" → [0, 5, 9], with a clear error for anything else.
+pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
+    let ids: Result<Vec<u32>> = s
+        .split(',')
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().map_err(|_| anyhow!("'{t}' in --tokens is not a token id")))
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        return Err(anyhow!("--tokens is empty"));
+    }
+    Ok(ids)
+}

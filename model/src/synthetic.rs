@@ -1,0 +1,214 @@
+//! Synthetic DS4-architecture models with random weights from a fixed seed: the embedded
+//! default that `ds4 run` uses without `--model`, and test fixtures. The tensor names,
+//! GGUF shapes and metadata follow the real layout, so the normal loader reads them.
+
+use crate::gguf::{GgufError, MetaValue};
+use crate::gguf_writer::GgufWriter;
+use ds4_ir::GgmlType;
+
+/// The shape of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct SynthConfig {
+    pub name: String,
+    pub n_layer: usize,
+    pub d: usize,
+    pub vocab: usize,
+    pub n_head: usize,
+    pub hd: usize,
+    pub n_rot: usize,
+    pub q_lora: usize,
+    pub o_groups: usize,
+    pub o_lora: usize,
+    pub n_expert: usize,
+    pub top_k: usize,
+    pub ff: usize,
+    pub n_hash: usize,
+    pub window: usize,
+    pub ratios: Vec<usize>,
+    pub idx_heads: usize,
+    pub idx_top_k: usize,
+    pub seed: u64,
+}
+
+impl SynthConfig {
+    /// The embedded default: tiny, six layers covering every layer kind, the real DS4
+    /// vocabulary size so real token ids fit.
+    pub fn tiny_default() -> SynthConfig {
+        SynthConfig {
+            name: "ds4-embedded-tiny (random weights)".into(),
+            n_layer: 6,
+            d: 128,
+            vocab: 129_280,
+            n_head: 4,
+            hd: 128,
+            n_rot: 64,
+            q_lora: 64,
+            o_groups: 2,
+            o_lora: 32,
+            n_expert: 8,
+            top_k: 2,
+            ff: 128,
+            n_hash: 2,
+            window: 16,
+            ratios: vec![0, 0, 4, 8, 4, 8],
+            idx_heads: 4,
+            idx_top_k: 8,
+            seed: 0x05D4,
+        }
+    }
+}
+
+/// splitmix64 normal-ish values (sum of uniforms): deterministic on every platform.
+struct Rng(u64);
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Approximately N(0, 1): the Irwin–Hall sum of 4 uniforms, rescaled.
+    fn normal(&mut self) -> f32 {
+        let s: f32 = (0..4).map(|_| self.uniform()).sum();
+        (s - 2.0) * (3.0f32).sqrt()
+    }
+}
+
+/// Build the GGUF bytes of a synthetic model with F32 weights (F16 embedding/output to
+/// keep a large vocabulary small).
+pub fn build(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
+    let mut rng = Rng(cfg.seed);
+    let mut w = GgufWriter::new();
+    let k = |s: &str| format!("deepseek4.{s}");
+    let u = |v: usize| MetaValue::U32(v as u32);
+    w.add_meta("general.architecture", MetaValue::Str("deepseek4".into()))?;
+    w.add_meta("general.name", MetaValue::Str(cfg.name.clone()))?;
+    for (key, v) in [
+        ("block_count", cfg.n_layer),
+        ("context_length", 1 << 20),
+        ("embedding_length", cfg.d),
+        ("vocab_size", cfg.vocab),
+        ("attention.head_count", cfg.n_head),
+        ("attention.head_count_kv", 1),
+        ("attention.key_length", cfg.hd),
+        ("attention.value_length", cfg.hd),
+        ("rope.dimension_count", cfg.n_rot),
+        ("attention.q_lora_rank", cfg.q_lora),
+        ("attention.output_lora_rank", cfg.o_lora),
+        ("attention.output_group_count", cfg.o_groups),
+        ("expert_count", cfg.n_expert),
+        ("expert_used_count", cfg.top_k),
+        ("expert_feed_forward_length", cfg.ff),
+        ("expert_shared_count", 1),
+        ("hash_layer_count", cfg.n_hash),
+        ("attention.sliding_window", cfg.window),
+        ("attention.indexer.head_count", cfg.idx_heads),
+        ("attention.indexer.key_length", 128),
+        ("attention.indexer.top_k", cfg.idx_top_k),
+        ("hyper_connection.count", 4),
+        ("hyper_connection.sinkhorn_iterations", 20),
+        ("rope.scaling.original_context_length", 65536),
+        ("nextn_predict_layers", 0),
+    ] {
+        w.add_meta(&k(key), u(v))?;
+    }
+    for (key, v) in [
+        ("hyper_connection.epsilon", 1e-6f32),
+        ("rope.freq_base", 10000.0),
+        ("rope.scaling.factor", 16.0),
+        ("rope.scaling.yarn_beta_fast", 32.0),
+        ("rope.scaling.yarn_beta_slow", 1.0),
+        ("attention.compress_rope_freq_base", 160000.0),
+        ("expert_weights_scale", 1.5),
+        ("attention.layer_norm_rms_epsilon", 1e-6),
+    ] {
+        w.add_meta(&k(key), MetaValue::F32(v))?;
+    }
+    w.add_meta(&k("expert_weights_norm"), MetaValue::Bool(true))?;
+    w.add_meta(&k("expert_gating_func_name"), MetaValue::Str("sqrtsoftplus".into()))?;
+    w.add_meta(&k("attention.compress_ratios"), MetaValue::Array(cfg.ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect()))?;
+    w.add_meta(&k("swiglu_clamp_exp"), MetaValue::Array(vec![MetaValue::F32(10.0); cfg.n_layer]))?;
+
+    let f32_bytes = |v: Vec<f32>| -> Vec<u8> { v.into_iter().flat_map(|x| x.to_le_bytes()).collect() };
+    // A random matrix with ne = dims, scaled like a fan-in init.
+    let mut rand_t = |w: &mut GgufWriter, name: &str, dims: &[usize], std: f32, ty: GgmlType| {
+        let n: usize = dims.iter().product();
+        let vals: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
+        let bytes = match ty {
+            GgmlType::F16 => vals.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            _ => f32_bytes(vals),
+        };
+        let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        w.add_tensor(name, ty, &dims64, bytes).expect("synthetic tensor sizes are consistent");
+    };
+    let const_t = |w: &mut GgufWriter, name: &str, dims: &[usize], v: f32| {
+        let n: usize = dims.iter().product();
+        let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        w.add_tensor(name, GgmlType::F32, &dims64, f32_bytes(vec![v; n])).expect("synthetic tensor sizes are consistent");
+    };
+    let (d, hc) = (cfg.d, 4usize);
+    let mw = 2 * hc + hc * hc;
+    let fan = |n: usize| 1.0 / (n as f32).sqrt();
+    rand_t(&mut w, "token_embd.weight", &[d, cfg.vocab], 1.0, GgmlType::F16);
+    for l in 0..cfg.n_layer {
+        let p = format!("blk.{l}");
+        for hcn in ["hc_attn", "hc_ffn"] {
+            rand_t(&mut w, &format!("{p}.{hcn}_fn.weight"), &[hc * d, mw], fan(hc * d), GgmlType::F32);
+            const_t(&mut w, &format!("{p}.{hcn}_scale.weight"), &[3], 1.0);
+            const_t(&mut w, &format!("{p}.{hcn}_base.weight"), &[mw], 0.0);
+        }
+        const_t(&mut w, &format!("{p}.attn_norm.weight"), &[d], 1.0);
+        const_t(&mut w, &format!("{p}.ffn_norm.weight"), &[d], 1.0);
+        rand_t(&mut w, &format!("{p}.attn_q_a.weight"), &[d, cfg.q_lora], fan(d), GgmlType::F32);
+        const_t(&mut w, &format!("{p}.attn_q_a_norm.weight"), &[cfg.q_lora], 1.0);
+        rand_t(&mut w, &format!("{p}.attn_q_b.weight"), &[cfg.q_lora, cfg.n_head * cfg.hd], fan(cfg.q_lora), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.attn_kv.weight"), &[d, cfg.hd], fan(d), GgmlType::F32);
+        const_t(&mut w, &format!("{p}.attn_kv_a_norm.weight"), &[cfg.hd], 1.0);
+        const_t(&mut w, &format!("{p}.attn_sinks.weight"), &[cfg.n_head], 0.0);
+        let gin = cfg.n_head * cfg.hd / cfg.o_groups;
+        rand_t(&mut w, &format!("{p}.attn_output_a.weight"), &[gin, cfg.o_groups * cfg.o_lora], fan(gin), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.attn_output_b.weight"), &[cfg.o_groups * cfg.o_lora, d], fan(cfg.o_groups * cfg.o_lora), GgmlType::F32);
+        let r = cfg.ratios[l];
+        if r != 0 {
+            let c = if r == 4 { 2 } else { 1 };
+            rand_t(&mut w, &format!("{p}.attn_compressor_kv.weight"), &[d, c * cfg.hd], fan(d), GgmlType::F32);
+            rand_t(&mut w, &format!("{p}.attn_compressor_gate.weight"), &[d, c * cfg.hd], fan(d), GgmlType::F32);
+            const_t(&mut w, &format!("{p}.attn_compressor_ape.weight"), &[c * cfg.hd, r], 0.0);
+            const_t(&mut w, &format!("{p}.attn_compressor_norm.weight"), &[cfg.hd], 1.0);
+            if r == 4 {
+                rand_t(&mut w, &format!("{p}.indexer.attn_q_b.weight"), &[cfg.q_lora, cfg.idx_heads * 128], fan(cfg.q_lora), GgmlType::F32);
+                rand_t(&mut w, &format!("{p}.indexer.proj.weight"), &[d, cfg.idx_heads], fan(d), GgmlType::F32);
+                rand_t(&mut w, &format!("{p}.indexer_compressor_kv.weight"), &[d, 256], fan(d), GgmlType::F32);
+                rand_t(&mut w, &format!("{p}.indexer_compressor_gate.weight"), &[d, 256], fan(d), GgmlType::F32);
+                const_t(&mut w, &format!("{p}.indexer_compressor_ape.weight"), &[256, 4], 0.0);
+                const_t(&mut w, &format!("{p}.indexer_compressor_norm.weight"), &[128], 1.0);
+            }
+        }
+        rand_t(&mut w, &format!("{p}.ffn_gate_inp.weight"), &[d, cfg.n_expert], fan(d), GgmlType::F32);
+        if l < cfg.n_hash {
+            let tbl: Vec<u8> = (0..cfg.vocab * cfg.top_k)
+                .map(|i| (((i / cfg.top_k) * cfg.top_k + i % cfg.top_k) % cfg.n_expert) as i32)
+                .flat_map(|e| e.to_le_bytes())
+                .collect();
+            w.add_tensor(&format!("{p}.ffn_gate_tid2eid.weight"), GgmlType::I32, &[cfg.top_k as u64, cfg.vocab as u64], tbl).expect("sizes");
+        } else {
+            const_t(&mut w, &format!("{p}.exp_probs_b.bias"), &[cfg.n_expert], 0.0);
+        }
+        rand_t(&mut w, &format!("{p}.ffn_gate_exps.weight"), &[d, cfg.ff, cfg.n_expert], fan(d), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.ffn_up_exps.weight"), &[d, cfg.ff, cfg.n_expert], fan(d), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.ffn_down_exps.weight"), &[cfg.ff, d, cfg.n_expert], fan(cfg.ff), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.ffn_gate_shexp.weight"), &[d, cfg.ff], fan(d), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.ffn_up_shexp.weight"), &[d, cfg.ff], fan(d), GgmlType::F32);
+        rand_t(&mut w, &format!("{p}.ffn_down_shexp.weight"), &[cfg.ff, d], fan(cfg.ff), GgmlType::F32);
+    }
+    rand_t(&mut w, "output_hc_fn.weight", &[hc * d, hc], fan(hc * d), GgmlType::F32);
+    const_t(&mut w, "output_hc_base.weight", &[hc], 0.0);
+    const_t(&mut w, "output_hc_scale.weight", &[1], 1.0);
+    const_t(&mut w, "output_norm.weight", &[d], 1.0);
+    rand_t(&mut w, "output.weight", &[d, cfg.vocab], fan(d), GgmlType::F16);
+    w.to_bytes()
+}

@@ -1,0 +1,159 @@
+//! A loaded model and the sessions (conversations) that run on it.
+
+use crate::exec::{ExecError, Executor, RunInputs};
+use crate::state::SessionState;
+use crate::weights::{Compute, Weights};
+use ds4_ir::{Bind, Graph};
+use ds4_model::builder::{build_graph, BuildError, GraphOptions, TensorTable};
+use ds4_model::gguf::{GgufError, GgufFile};
+use ds4_model::hparams::{HParams, HParamsError};
+use ds4_ir::GgmlType;
+use std::path::Path;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{0}")]
+    Gguf(#[from] GgufError),
+    #[error("{0}")]
+    HParams(#[from] HParamsError),
+    #[error("{0}")]
+    Build(#[from] BuildError),
+    #[error("{0}")]
+    Exec(#[from] ExecError),
+    #[error("{0}")]
+    Session(String),
+}
+
+struct FileTable<'a>(&'a GgufFile);
+
+impl TensorTable for FileTable<'_> {
+    fn lookup(&self, name: &str) -> Option<(GgmlType, Vec<u64>)> {
+        self.0.tensor(name).map(|t| (t.ggml_type, t.dims.clone()))
+    }
+}
+
+/// A model file with its hyper-parameters and the forward-pass graphs built for it.
+pub struct Model {
+    pub hp: HParams,
+    pub weights: Weights,
+    /// The DS4 graph over all layers, with the activation round trips.
+    pub graph: Graph,
+    /// The same without the round trips (for comparison with `reference_plain`).
+    pub graph_plain: Graph,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// Check the metadata and the tensor table against the graph, then keep the file.
+    pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        let hp = HParams::from_gguf(&file)?;
+        let tt = FileTable(&file);
+        let graph = build_graph(&hp, &tt, &GraphOptions::full(&hp))?;
+        let graph_plain = build_graph(&hp, &tt, &GraphOptions { plain: true, ..GraphOptions::full(&hp) })?;
+        Ok(Model { hp, weights: Weights::new(Arc::new(file)), graph, graph_plain })
+    }
+
+    /// Build another graph on this model's tensors (a layer range, extra outputs).
+    pub fn build(&self, opts: &GraphOptions) -> Result<Graph, ModelError> {
+        Ok(build_graph(&self.hp, &FileTable(&self.weights.file), opts)?)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Without the FP8 / FP4 activation round trips.
+    pub plain: bool,
+    /// Positions `rewind` can drop (extra state kept).
+    pub max_rewind: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { plain: false, max_rewind: 256 }
+    }
+}
+
+/// One conversation: the state of every layer and the position reached. `F` is f32 for
+/// the CPU target, f64 for the float64 reference.
+pub struct Session<'m, F> {
+    model: &'m Model,
+    graph: std::borrow::Cow<'m, Graph>,
+    state: SessionState<F>,
+    pos: usize,
+    opts: SessionOptions,
+}
+
+impl<'m, F: Compute> Session<'m, F> {
+    pub fn new(model: &'m Model, opts: SessionOptions) -> Self {
+        let graph = if opts.plain { &model.graph_plain } else { &model.graph };
+        Session::with_graph(model, std::borrow::Cow::Borrowed(graph), opts)
+    }
+
+    /// A session running a custom graph of this model (e.g. with per-layer outputs).
+    pub fn with_graph(model: &'m Model, graph: std::borrow::Cow<'m, Graph>, opts: SessionOptions) -> Self {
+        let state = SessionState::new(graph.n_slots, opts.max_rewind);
+        Session { model, graph, state, pos: 0, opts }
+    }
+
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        self.state.bytes()
+    }
+
+    /// Feed a batch of tokens (a prefill chunk, or one token when decoding) and return the
+    /// graph's outputs for them (`logits`: [T, vocab]).
+    pub fn feed_outputs(&mut self, ids: &[u32]) -> Result<std::collections::HashMap<String, Vec<F>>, ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::Session("no tokens to feed".into()));
+        }
+        let vocab = self.model.hp.vocab;
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Session(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let bind = Bind { pos0: self.pos, tokens: ids.len() };
+        let ex = Executor { graph: &self.graph, weights: &self.model.weights };
+        let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual: None })?;
+        self.pos += ids.len();
+        Ok(outs)
+    }
+
+    /// Feed tokens and return their logits, [T, vocab] row-major.
+    pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<F>, ModelError> {
+        let mut outs = self.feed_outputs(ids)?;
+        outs.remove("logits").ok_or_else(|| ModelError::Session("this graph has no logits output".into()))
+    }
+
+    /// Prefill in chunks of `chunk` tokens; returns the logits of every token.
+    pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<F>, ModelError> {
+        let mut all = Vec::with_capacity(ids.len() * self.model.hp.vocab);
+        for c in ids.chunks(chunk.max(1)) {
+            all.extend(self.feed(c)?);
+        }
+        Ok(all)
+    }
+
+    /// Drop the last `n` positions, as if they had never been fed.
+    pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
+        if n > self.pos {
+            return Err(ModelError::Session(format!("cannot rewind {n} positions: only {} fed", self.pos)));
+        }
+        if n > self.opts.max_rewind {
+            return Err(ModelError::Session(format!("cannot rewind {n} positions: this session keeps state for {}", self.opts.max_rewind)));
+        }
+        self.pos -= n;
+        self.state.truncate(self.pos);
+        Ok(())
+    }
+}
