@@ -53,7 +53,13 @@ fn full_parity(name: &str) {
         same_all += same;
         rows_all += rows;
         let agree = run.greedy.iter().zip(&ref_greedy).take_while(|(a, b)| a == b).count();
-        println!("{name} ds4 {p}: T={} p99|Δ|={q99:.3e} ({:.2e}·std) max|Δ|={d:.3e} argmax {same}/{rows} greedy prefix {agree}/{}", tokens.len(), q99 / sd, ref_greedy.len());
+        let ds = max_abs_diff(&run.step_logits, &r[&format!("{p}.greedy_step_logits")].data);
+        println!(
+            "{name} ds4 {p}: T={} p99|Δ|={q99:.3e} ({:.2e}·std) max|Δ|={d:.3e} argmax {same}/{rows} greedy prefix {agree}/{} decode-steps max|Δ|={ds:.3e}",
+            tokens.len(),
+            q99 / sd,
+            ref_greedy.len()
+        );
         assert!(q99 <= 1e-2 * sd, "{name} {p}: p99 |Δlogit| {q99} > 1e-2·std");
         assert!(agree >= 8, "{name} {p}: greedy ids agree for only {agree} steps");
     }
@@ -61,10 +67,24 @@ fn full_parity(name: &str) {
     assert!(same_all as f64 >= 0.99 * rows_all as f64, "{name}: arg-max agrees at {same_all}/{rows_all} < 99%");
 }
 
-/// Per-layer residual (the HC state after each layer) vs the reference's `residual_hc`.
+/// The reference's own prefill-vs-decode disagreement for a prompt of the DS4 graph
+/// (`hf_prefill_vs_decode_max_abs` in reference.json).
+fn reference_self_disagreement(name: &str, prompt: &str) -> f64 {
+    let path = golden_dir().join("models").join(name).join("reference.json");
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    j["prompts"].as_array().unwrap().iter().find(|p| p["key"] == prompt).and_then(|p| p["hf_prefill_vs_decode_max_abs"].as_f64()).unwrap_or(0.0)
+}
+
+/// Per-layer residual (the HC state after each layer) vs the reference's `residual_hc`
+/// (only the DS4-graph reference has them). A prompt on which the reference disagrees
+/// with itself (prefill vs decode) by more than 1e-4 sits on an FP8 rounding tie (tiny-f32
+/// p0: a pre-FP8 KV value of layer 2, token 1 lies 1.5e-8 relative from a rounding
+/// midpoint, below f32 resolution), so it cannot be held to 1e-4: it is reported, not
+/// asserted. Every other prompt must meet the bound at every layer.
 fn residual_parity(name: &str) {
     let model = load(name);
     let r = load_reference(name, false).unwrap();
+    let mut checked = 0;
     let graph = model.build(&ds4_model::builder::GraphOptions { residuals: true, ..ds4_model::builder::GraphOptions::full(&model.hp) }).unwrap();
     for p in prompts(&r) {
         if !r.contains_key(&format!("{p}.layer0.residual_hc")) {
@@ -77,10 +97,17 @@ fn residual_parity(name: &str) {
             let ours: Vec<f64> = outs[&format!("residual.{l}")].iter().map(|&v| v as f64).collect();
             let want = &r[&format!("{p}.layer{l}.residual_hc")].data;
             let e = rel_err(&ours, want);
+            let selfd = reference_self_disagreement(name, &p);
+            if selfd > 1e-4 {
+                println!("{name} {p} layer {l}: residual rel err {e:.3e} (NOT ASSERTED: the reference disagrees with itself by {selfd:.1e} on this prompt)");
+                continue;
+            }
             println!("{name} {p} layer {l}: residual rel err {e:.3e}");
             assert!(e <= 1e-4, "{name} {p} layer {l}: residual relative error {e} > 1e-4");
+            checked += 1;
         }
     }
+    assert!(checked >= model.hp.n_layer, "{name}: residuals of at least one whole prompt must be checked");
 }
 
 #[test]
