@@ -443,7 +443,7 @@ fn float_as_f32(key: &str, v: &MetaValue) -> Result<f32, GgufError> {
         MetaValue::F64(x) => {
             // A finite f64 beyond f32's range would silently become infinity.
             if x.is_finite() && x.abs() > f32::MAX as f64 {
-                Err(GgufError::OutOfRange { key: key.to_string(), value: x.to_string(), ty: "f32" })
+                Err(GgufError::OutOfRange { key: key.to_string(), value: format!("{x:?}"), ty: "f32" })
             } else {
                 Ok(x as f32)
             }
@@ -504,7 +504,7 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// A GGUF string. `ctx` names the thing that owns it, for messages.
+    /// A GGUF string. `what` names the thing that owns it, for messages.
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
         let at = self.pos as u64;
         let n = self.u64(&|| format!("{} (length)", what()))?;
@@ -564,7 +564,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     let need = n_kv
         .checked_mul(MIN_KV_BYTES)
         .and_then(|a| a.checked_add(n_tensors.checked_mul(MIN_TENSOR_BYTES)?));
-    if need.map_or(true, |n| n > r.remaining()) {
+    if need.is_none_or(|n| n > r.remaining()) {
         return Err(GgufError::Header(format!(
             "{n_kv} metadata keys and {n_tensors} tensors cannot fit in the {} bytes left in the file \
              (file size {}): counts are corrupt or the file is truncated",
@@ -674,7 +674,7 @@ fn read_value(r: &mut Reader, key: &str, ty: u32, depth: usize) -> Result<MetaVa
             let at = r.pos as u64;
             let n = r.u64(&|| format!("metadata key '{key}' (array length)"))?;
             let min = min_value_bytes(elem);
-            if n.checked_mul(min).map_or(true, |b| b > r.remaining()) {
+            if n.checked_mul(min).is_none_or(|b| b > r.remaining()) {
                 return Err(GgufError::Meta {
                     key: key.into(),
                     problem: format!(

@@ -40,6 +40,17 @@ pub struct GgufWriter {
     names: HashSet<String>,
 }
 
+impl std::fmt::Debug for GgufWriter {
+    // A summary: tensor data may be gigabytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufWriter")
+            .field("alignment", &self.alignment)
+            .field("n_kv", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
 impl Default for GgufWriter {
     fn default() -> Self {
         Self::new()
@@ -244,6 +255,9 @@ impl GgufWriter {
                 )));
             }
         }
+        // The file ends aligned too, as llama.cpp and the gguf Python package write it, so
+        // that files can be concatenated or compared byte for byte.
+        pad_to(&mut w, self.alignment)?;
         w.flush()
     }
 }
