@@ -114,6 +114,12 @@ impl<'m, F: Compute> Session<'m, F> {
     /// Feed a batch of tokens (a prefill chunk, or one token when decoding) and return the
     /// graph's outputs for them (`logits`: [T, vocab]).
     pub fn feed_outputs(&mut self, ids: &[u32]) -> Result<std::collections::HashMap<String, Vec<F>>, ModelError> {
+        self.feed_with_residual(ids, None)
+    }
+
+    /// Feed a batch to a graph over a later layer range: `residual` is the incoming
+    /// hyper-connection state [T, nh, D] from the stage before (a pipeline split).
+    pub fn feed_with_residual(&mut self, ids: &[u32], residual: Option<&[F]>) -> Result<std::collections::HashMap<String, Vec<F>>, ModelError> {
         if ids.is_empty() {
             return Err(ModelError::Session("no tokens to feed".into()));
         }
@@ -124,7 +130,7 @@ impl<'m, F: Compute> Session<'m, F> {
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
         let ex = Executor { graph: &self.graph, weights: &self.model.weights };
-        let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual: None })?;
+        let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual })?;
         self.pos += ids.len();
         Ok(outs)
     }
