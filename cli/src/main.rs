@@ -1,10 +1,14 @@
 //! `ds4`: the command line. One file per subcommand; this one parses and dispatches.
 
 mod bench;
+mod chat_cmd;
 mod common;
 mod inspect_cmd;
 mod logits_cmd;
+mod quantize_cmd;
 mod run_cmd;
+mod serve;
+mod text_model;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +29,8 @@ enum Cmd {
     Inspect(inspect_cmd::InspectArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Convert an F32/F16/BF16 GGUF to the q2, q4 or q8_0 layout.
+    Quantize(quantize_cmd::QuantizeArgs),
 }
 
 fn main() {
@@ -34,6 +40,9 @@ fn main() {
         Cmd::Logits(a) => logits_cmd::run(a),
         Cmd::Inspect(a) => inspect_cmd::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Chat(a) => chat_cmd::run(a),
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Quantize(a) => quantize_cmd::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

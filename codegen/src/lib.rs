@@ -1,1 +1,100 @@
+//! ds4-codegen: kernel IR (`ds4_ir::kir`) to source text for every target.
+//!
+//! One renderer (`render.rs`) walks the IR; each target module is a dialect that only
+//! spells syntax and intrinsics. `render(kernel, target)` is the whole interface; WGSL
+//! output can be checked with [`validate_wgsl`].
 
+pub mod cpu;
+pub mod cuda;
+pub mod metal;
+pub mod render;
+pub mod wgsl;
+
+use ds4_ir::kir::Kernel;
+use std::fmt;
+
+/// A code generation target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    Cpu,
+    CudaSm90,
+    CudaSm120,
+    Wgsl,
+    Metal,
+}
+
+impl Target {
+    pub const ALL: [Target; 5] = [Target::Cpu, Target::CudaSm90, Target::CudaSm120, Target::Wgsl, Target::Metal];
+
+    /// The target's name on the command line (`cpu`, `cuda-sm90`, `cuda-sm120`, `wgsl`, `metal`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::CudaSm90 => "cuda-sm90",
+            Target::CudaSm120 => "cuda-sm120",
+            Target::Wgsl => "wgsl",
+            Target::Metal => "metal",
+        }
+    }
+
+    /// Parses a name as printed by [`Target::name`].
+    pub fn parse(s: &str) -> Result<Target, UnknownTarget> {
+        Target::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| UnknownTarget(s.to_string()))
+    }
+
+    /// File extension of the generated source.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Target::Cpu => "rs",
+            Target::CudaSm90 | Target::CudaSm120 => "cu",
+            Target::Wgsl => "wgsl",
+            Target::Metal => "metal",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = UnknownTarget;
+    fn from_str(s: &str) -> Result<Target, UnknownTarget> {
+        Target::parse(s)
+    }
+}
+
+/// A target name that is not one of [`Target::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownTarget(pub String);
+
+impl fmt::Display for UnknownTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
+        write!(f, "unknown target `{}` (expected one of: {})", self.0, names.join(", "))
+    }
+}
+
+impl std::error::Error for UnknownTarget {}
+
+/// The source text of `kernel` for `target`.
+pub fn render(kernel: &Kernel, target: Target) -> String {
+    match target {
+        Target::Cpu => render::render_kernel(&cpu::Cpu, kernel),
+        Target::CudaSm90 => render::render_kernel(&cuda::Cuda { sm: 90 }, kernel),
+        Target::CudaSm120 => render::render_kernel(&cuda::Cuda { sm: 120 }, kernel),
+        Target::Wgsl => render::render_kernel(&wgsl::Wgsl, kernel),
+        Target::Metal => render::render_kernel(&metal::Metal, kernel),
+    }
+}
+
+/// Parses and validates WGSL with naga, as wgpu will; the error names the line.
+pub fn validate_wgsl(source: &str) -> Result<naga::Module, String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(source))?;
+    Ok(module)
+}

@@ -11,4 +11,8 @@ pub use graph::{Graph, NodeId};
 pub use op::{CompMode, IrError, Op, RopePos, Slot, TensorType};
 pub use real::Real;
 pub use shape::{Bind, Dim, Shape};
-pub mod quant_shim;
+pub mod kir;
+pub mod kir_eval;
+/// Lets `#[ds4_macros::kernel]` emit `ds4_ir::kir::..` paths inside this crate too.
+extern crate self as ds4_ir;
+pub mod quant;

@@ -48,7 +48,7 @@ pub enum BuildError {
 
 /// Weight types a matrix may have; small vectors must be float.
 pub fn supported_weight_types() -> &'static [GgmlType] {
-    ds4_ir::quant_shim::supported()
+    ds4_ir::quant::supported()
 }
 
 /// Number of state slots per layer: window, compressor log, compressed rows,

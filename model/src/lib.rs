@@ -5,3 +5,6 @@ pub mod gguf_writer;
 pub mod inspect;
 pub mod hparams;
 pub mod synthetic;
+pub mod tokenizer;
+pub mod chat;
+pub mod quantize;

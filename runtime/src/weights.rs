@@ -46,7 +46,7 @@ impl<'a> WeightView<'a> {
     pub fn to_vec<F: Real>(&self) -> Vec<F> {
         let n: u64 = self.ne.iter().product();
         let mut tmp = vec![0f32; n as usize];
-        ds4_ir::quant_shim::dequantize_row(self.ty, self.bytes, &mut tmp).expect("tensor size checked by the loader");
+        ds4_ir::quant::dequantize_row(self.ty, self.bytes, &mut tmp).expect("tensor size checked by the loader");
         tmp.into_iter().map(F::from_f32).collect()
     }
 
@@ -66,22 +66,22 @@ pub trait Compute: Real {
 impl Compute for f32 {
     #[inline]
     fn dot_weight_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-        ds4_ir::quant_shim::dot_row(ty, row, x).expect("row length checked by the graph builder")
+        ds4_ir::quant::dot_row(ty, row, x).expect("row length checked by the graph builder")
     }
     fn dequant_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-        ds4_ir::quant_shim::dequantize_row(ty, row, out).expect("row length checked by the graph builder")
+        ds4_ir::quant::dequantize_row(ty, row, out).expect("row length checked by the graph builder")
     }
 }
 
 impl Compute for f64 {
     fn dot_weight_row(ty: GgmlType, row: &[u8], x: &[f64]) -> f64 {
         let mut tmp = vec![0f32; x.len()];
-        ds4_ir::quant_shim::dequantize_row(ty, row, &mut tmp).expect("row length checked by the graph builder");
+        ds4_ir::quant::dequantize_row(ty, row, &mut tmp).expect("row length checked by the graph builder");
         tmp.iter().zip(x).map(|(&w, &v)| w as f64 * v).sum()
     }
     fn dequant_row(ty: GgmlType, row: &[u8], out: &mut [f64]) {
         let mut tmp = vec![0f32; out.len()];
-        ds4_ir::quant_shim::dequantize_row(ty, row, &mut tmp).expect("row length checked by the graph builder");
+        ds4_ir::quant::dequantize_row(ty, row, &mut tmp).expect("row length checked by the graph builder");
         for (o, v) in out.iter_mut().zip(tmp) {
             *o = v as f64;
         }

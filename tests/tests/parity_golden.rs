@@ -124,3 +124,33 @@ fn tiny_f32_ds4_graph_matches_reference() {
 fn tiny_f32_layer_residuals_match_reference() {
     residual_parity("tiny-f32");
 }
+
+#[test]
+fn tiny_q2_plain_matches_reference_plain() {
+    plain_parity("tiny-q2");
+}
+
+#[test]
+fn tiny_q2_ds4_graph_matches_reference() {
+    full_parity("tiny-q2");
+}
+
+#[test]
+fn tiny_q4_plain_matches_reference_plain() {
+    plain_parity("tiny-q4");
+}
+
+#[test]
+fn tiny_q4_ds4_graph_matches_reference() {
+    full_parity("tiny-q4");
+}
+
+#[test]
+fn tiny_q2_layer_residuals_match_reference() {
+    residual_parity("tiny-q2");
+}
+
+#[test]
+fn tiny_q4_layer_residuals_match_reference() {
+    residual_parity("tiny-q4");
+}

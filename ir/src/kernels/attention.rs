@@ -12,6 +12,7 @@ pub const COMP_SELECTED: usize = 2;
 /// Work item = (token, head). `win` holds window keys for positions `win_pos0 ..`,
 /// `comp` the compressed rows, `sel` `[T, k_sel]` indexer picks.
 #[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "hd")]
 pub fn attention<F: Real>(
     item: usize,
     out: &mut [F],

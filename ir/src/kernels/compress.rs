@@ -5,6 +5,7 @@ use crate::real::Real;
 /// One compressed row: per channel, a softmax over the row's `slots` of the gate values,
 /// weighting the kv values. `kv`, `gate` are `[rows, slots, w]`; an absent slot carries
 /// gate = -inf (weight 0).
+#[ds4_macros::kernel(out = "w")]
 pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], slots: usize, w: usize) {
     let base = item * slots * w;
     for c in 0..w {
@@ -30,6 +31,7 @@ pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], 
 /// `Σ_h (w_h / sqrt(heads)) · relu(q_h · k) / sqrt(dk)`.
 /// Rows the query may not see yet get -inf.
 #[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "n_rows")]
 pub fn indexer_scores<F: Real>(
     item: usize,
     out: &mut [F],
@@ -63,6 +65,7 @@ pub fn indexer_scores<F: Real>(
 
 /// Top-k of one row of `n` scores, ties to the lower index, -inf entries never chosen;
 /// missing picks are -1. Picks come out in descending (score, -index) order.
+#[ds4_macros::kernel(out = "k")]
 pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: usize) {
     let base = item * n;
     let mut prev_s = F::zero();

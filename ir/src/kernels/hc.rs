@@ -5,12 +5,14 @@
 //! `comb[i][j]`), i.e. `2nh + nh²` values, in the order the projection produces them.
 use crate::real::Real;
 
+#[ds4_macros::kernel_helper]
 fn sigmoid<F: Real>(x: F) -> F {
     F::one() / (F::one() + (-x).exp())
 }
 
 /// Mixing weights from the projected logits `m` (one token's `2nh+nh²` values):
 /// `pre = σ(m·s0 + b) + eps`, `post = 2σ(m·s1 + b)`, `comb = Sinkhorn(softmax_j(m·s2 + b) + eps)`.
+#[ds4_macros::kernel(out = "2 * nh + nh * nh")]
 pub fn hc_mix<F: Real>(
     item: usize,
     out: &mut [F],
@@ -79,6 +81,7 @@ pub fn hc_mix<F: Real>(
 }
 
 /// Head weights for the final collapse: `pre = σ(m·scale + b) + eps` (nh values).
+#[ds4_macros::kernel(out = "nh")]
 pub fn hc_head_mix<F: Real>(item: usize, out: &mut [F], m: &[F], scale: &[F], base: &[F], nh: usize, eps: F) {
     for i in 0..nh {
         out[i] = sigmoid(m[item * nh + i] * scale[0] + base[i]) + eps;
@@ -86,6 +89,7 @@ pub fn hc_head_mix<F: Real>(item: usize, out: &mut [F], m: &[F], scale: &[F], ba
 }
 
 /// Block input `x = Σ_i pre_i R_i`; `pre` is the first `nh` values of each mix row of width `mw`.
+#[ds4_macros::kernel(out = "d")]
 pub fn hc_collapse<F: Real>(item: usize, out: &mut [F], r: &[F], mix: &[F], nh: usize, d: usize, mw: usize) {
     for c in 0..d {
         let mut acc = F::zero();
@@ -97,6 +101,7 @@ pub fn hc_collapse<F: Real>(item: usize, out: &mut [F], r: &[F], mix: &[F], nh: 
 }
 
 /// Residual update `R'_j = post_j·y + Σ_i comb[i][j]·R_i` for one token (`nh·d` outputs).
+#[ds4_macros::kernel(out = "nh * d")]
 pub fn hc_expand<F: Real>(item: usize, out: &mut [F], y: &[F], r: &[F], mix: &[F], nh: usize, d: usize) {
     let mw = 2 * nh + nh * nh;
     let mo = item * mw;
@@ -113,6 +118,7 @@ pub fn hc_expand<F: Real>(item: usize, out: &mut [F], y: &[F], r: &[F], mix: &[F
 }
 
 /// The embedding row copied into all `nh` streams.
+#[ds4_macros::kernel(out = "nh * d")]
 pub fn hc_broadcast<F: Real>(item: usize, out: &mut [F], x: &[F], nh: usize, d: usize) {
     for j in 0..nh {
         for c in 0..d {

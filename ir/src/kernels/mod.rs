@@ -16,3 +16,30 @@ pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod roundtrip;
+
+/// Every kernel's IR, as `#[ds4_macros::kernel]` read it from the bodies above (the
+/// renderers and the IR-vs-body test iterate over this list).
+pub fn all() -> Vec<crate::kir::Kernel> {
+    vec![
+        norm::rms_norm_kir(),
+        norm::rms_norm_plain_kir(),
+        norm::add_kir(),
+        rope::rope_kir(),
+        attention::attention_kir(),
+        compress::compress_pool_kir(),
+        compress::indexer_scores_kir(),
+        compress::top_k_kir(),
+        hc::hc_mix_kir(),
+        hc::hc_head_mix_kir(),
+        hc::hc_collapse_kir(),
+        hc::hc_expand_kir(),
+        hc::hc_broadcast_kir(),
+        moe::router_scores_kir(),
+        moe::router_biased_kir(),
+        moe::router_hash_kir(),
+        moe::router_weights_kir(),
+        moe::swiglu_kir(),
+        roundtrip::fp8_roundtrip_kir(),
+        roundtrip::hadamard_fp4_kir(),
+    ]
+}

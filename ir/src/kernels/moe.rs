@@ -3,6 +3,7 @@
 use crate::real::Real;
 
 /// `sqrt(softplus(x))` for one row of `n` router logits (softplus linear above 20, as torch).
+#[ds4_macros::kernel(out = "n")]
 pub fn router_scores<F: Real>(item: usize, out: &mut [F], logits: &[F], n: usize) {
     for e in 0..n {
         let x = logits[item * n + e];
@@ -15,6 +16,7 @@ pub fn router_scores<F: Real>(item: usize, out: &mut [F], logits: &[F], n: usize
 }
 
 /// Selection scores: router scores plus the selection bias (used for choosing only).
+#[ds4_macros::kernel(out = "n")]
 pub fn router_biased<F: Real>(item: usize, out: &mut [F], scores: &[F], bias: &[F], n: usize) {
     for e in 0..n {
         out[e] = scores[item * n + e] + bias[e];
@@ -22,6 +24,7 @@ pub fn router_biased<F: Real>(item: usize, out: &mut [F], scores: &[F], bias: &[
 }
 
 /// Hash routing: the experts of token `ids[t]` from the `[vocab, k]` table.
+#[ds4_macros::kernel(out = "k")]
 pub fn router_hash(item: usize, out: &mut [i32], ids: &[i32], table: &[i32], k: usize) {
     let tok = ids[item] as usize;
     for j in 0..k {
@@ -30,6 +33,7 @@ pub fn router_hash(item: usize, out: &mut [i32], ids: &[i32], table: &[i32], k: 
 }
 
 /// Expert weights `scale · s_e / Σ_sel s` (or `scale · s_e` without normalization).
+#[ds4_macros::kernel(out = "k")]
 pub fn router_weights<F: Real>(
     item: usize,
     out: &mut [F],
@@ -55,6 +59,7 @@ pub fn router_weights<F: Real>(
 }
 
 /// Clamped SwiGLU of one row: `silu(min(g, c)) · clamp(u, -c, c)`.
+#[ds4_macros::kernel(out = "n")]
 pub fn swiglu<F: Real>(item: usize, out: &mut [F], g: &[F], u: &[F], n: usize, clamp: F) {
     for i in 0..n {
         let gv = g[item * n + i].min(clamp);

@@ -2,6 +2,7 @@
 use crate::real::Real;
 
 /// One row of `n` values, scaled by `w`.
+#[ds4_macros::kernel(out = "n")]
 pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize, eps: F) {
     let base = item * n;
     let mut ss = F::zero();
@@ -16,6 +17,7 @@ pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize,
 }
 
 /// One row of `n` values, no weight (the per-head q norm and the HC input norm).
+#[ds4_macros::kernel(out = "n")]
 pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, eps: F) {
     let base = item * n;
     let mut ss = F::zero();
@@ -30,6 +32,7 @@ pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, ep
 }
 
 /// Elementwise sum of two rows of `n`.
+#[ds4_macros::kernel(out = "n")]
 pub fn add<F: Real>(item: usize, out: &mut [F], a: &[F], b: &[F], n: usize) {
     let base = item * n;
     for i in 0..n {

@@ -6,6 +6,7 @@
 use crate::real::Real;
 
 #[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "hd")]
 pub fn rope<F: Real>(
     item: usize,
     out: &mut [F],

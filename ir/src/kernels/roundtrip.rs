@@ -4,6 +4,7 @@
 use crate::real::Real;
 
 /// Nearest E4M3 value of `v` (|v| ≤ 448), ties to the even code.
+#[ds4_macros::kernel_helper]
 fn e4m3_round<F: Real>(v: F) -> F {
     let a = v.abs();
     // Normal numbers have 3 mantissa bits; below 2^-6 the spacing is the subnormal 2^-9.
@@ -16,6 +17,7 @@ fn e4m3_round<F: Real>(v: F) -> F {
 
 /// FP8 round trip of the first `n_nope` channels of one row of `w`, in blocks of 64
 /// with a power-of-two scale `2^ceil(log2(amax/448))`, amax floored at 1e-4.
+#[ds4_macros::kernel(out = "w")]
 pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_nope: usize) {
     let base = item * w;
     for i in 0..w {
@@ -37,6 +39,7 @@ pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_n
 
 /// Nearest E2M1 value of `v` (|v| ≤ 6) among ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to the
 /// even code (so 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4).
+#[ds4_macros::kernel_helper]
 fn e2m1_round<F: Real>(v: F) -> F {
     let a = v.abs();
     let mut q = F::from_f64(6.0);
@@ -63,6 +66,7 @@ fn e2m1_round<F: Real>(v: F) -> F {
 
 /// Hadamard transform of one row of 128 (butterflies, then ×1/√128), optionally followed
 /// by an FP4 round trip in blocks of 32 with scale `2^ceil(log2(amax/6))`.
+#[ds4_macros::kernel(out = "128")]
 pub fn hadamard_fp4<F: Real>(item: usize, out: &mut [F], x: &[F], fp4: bool) {
     let n = 128;
     let base = item * n;

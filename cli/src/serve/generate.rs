@@ -1,0 +1,150 @@
+//! The token loop shared by `ds4 serve` and `ds4 chat`: bring a session to a prompt,
+//! then sample one token at a time until end of sequence, a limit, the caller's "stop",
+//! or cancellation.
+//!
+//! A `Generator` owns one `Session`. The server makes one per request, so requests share
+//! nothing mutable; the chat keeps one for the whole conversation and, on each turn,
+//! feeds only what follows the longest prefix it has already fed.
+
+use crate::text_model::TextModel;
+use anyhow::Result;
+use ds4_runtime::sample::{Sampler, SamplerOptions};
+use ds4_runtime::{Session, SessionOptions};
+
+/// Whether the caller wants more tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The model produced one of the stop ids (end of sentence).
+    StopToken,
+    /// `max_tokens` were produced, or the context is full.
+    Length,
+    /// The caller's `on_token` said stop (a stop string, a complete tool call).
+    Caller,
+    /// `cancelled()` became true (client gone, Ctrl-C, server shutdown).
+    Cancelled,
+}
+
+pub struct GenParams {
+    pub sampler: SamplerOptions,
+    pub max_tokens: usize,
+    /// Sampling one of these ends the generation; the token itself is not passed on.
+    pub stop_ids: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Tokens sampled, the final stop token included.
+    pub completion_tokens: usize,
+    /// Prompt tokens that were already in the session and not fed again.
+    pub reused_tokens: usize,
+}
+
+pub struct Generator<'m> {
+    tm: &'m TextModel,
+    session: Session<'m, f32>,
+    /// Exactly the tokens the session has been fed, in order.
+    fed: Vec<u32>,
+    /// Prefill batch size. Only the last row of each batch's logits is kept, so this
+    /// bounds the memory a prefill needs (rows × vocab floats).
+    chunk: usize,
+}
+
+impl<'m> Generator<'m> {
+    pub fn new(tm: &'m TextModel, chunk: usize) -> Self {
+        Generator { tm, session: Session::new(&tm.model, SessionOptions::default()), fed: Vec::new(), chunk: chunk.max(1) }
+    }
+
+    /// Forget everything fed so far.
+    pub fn reset(&mut self) {
+        self.session = Session::new(&self.tm.model, self.session.options().clone());
+        self.fed.clear();
+    }
+
+    /// Feed the session so that it holds exactly `prompt`, reusing what it already holds,
+    /// and return the logits after the last prompt token (`None` when cancelled first).
+    /// `progress(done, total)` is told after each batch of newly fed prompt tokens.
+    fn prefill(
+        &mut self,
+        prompt: &[u32],
+        cancelled: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Option<(Vec<f32>, usize)>> {
+        let common = self.fed.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        // At least the last prompt token is fed again: its logits are what we need.
+        let keep = common.min(prompt.len().saturating_sub(1));
+        let drop = self.fed.len() - keep;
+        if drop > 0 && self.session.rewind(drop).is_err() {
+            // Further back than the session keeps state for: start over.
+            self.reset();
+        }
+        let keep = self.fed.len().min(keep);
+        self.fed.truncate(keep);
+        let todo = &prompt[keep..];
+        let vocab = self.tm.model.hp.vocab;
+        let mut last = Vec::new();
+        for (i, batch) in todo.chunks(self.chunk).enumerate() {
+            if cancelled() {
+                return Ok(None);
+            }
+            let logits = self.session.feed(batch)?;
+            self.fed.extend_from_slice(batch);
+            last = logits[logits.len() - vocab..].to_vec();
+            progress((i * self.chunk + batch.len()).min(todo.len()), todo.len());
+        }
+        Ok(Some((last, keep)))
+    }
+
+    /// Generate after `prompt`. `on_token` gets every sampled token except a stop id.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenParams,
+        cancelled: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(usize, usize),
+        on_token: &mut dyn FnMut(u32) -> Flow,
+    ) -> Result<Outcome> {
+        let mut out = Outcome { finish: Finish::Cancelled, prompt_tokens: prompt.len(), completion_tokens: 0, reused_tokens: 0 };
+        if prompt.is_empty() {
+            anyhow::bail!("the prompt is empty");
+        }
+        let Some((mut logits, reused)) = self.prefill(prompt, cancelled, progress)? else {
+            return Ok(out);
+        };
+        out.reused_tokens = reused;
+        let room = self.tm.model.hp.context_length.saturating_sub(prompt.len());
+        let max_tokens = params.max_tokens.min(room);
+        let mut sampler = Sampler::new(params.sampler.clone());
+        out.finish = Finish::Length;
+        for i in 0..max_tokens {
+            if cancelled() {
+                out.finish = Finish::Cancelled;
+                break;
+            }
+            let t = sampler.sample(&logits) as u32;
+            out.completion_tokens += 1;
+            if params.stop_ids.contains(&t) {
+                out.finish = Finish::StopToken;
+                break;
+            }
+            if on_token(t) == Flow::Stop {
+                out.finish = Finish::Caller;
+                break;
+            }
+            // The last token is not fed: nothing would read its logits.
+            if i + 1 < max_tokens {
+                logits = self.session.feed(&[t])?;
+                self.fed.push(t);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,240 @@
+//! The one renderer: kernel IR to C-style source text.
+//!
+//! Rust, CUDA C++, WGSL and MSL agree on almost everything a kernel body needs (infix
+//! operators with the same precedence, `x = e;`, braces, `if`/`while`/`for`), so the
+//! walk over statements and expressions lives here once. A target is a [`Dialect`]:
+//! it spells types, literals, casts, builtins, declarations and loop headers, and
+//! writes the kernel's signature and prologue (where the work item comes from, how
+//! scalar params arrive, where this item's output starts). Nothing about the math is
+//! decided by a dialect.
+
+use ds4_ir::kir::{BinOp, Builtin, Callee, Expr, Function, Kernel, Lit, Stmt, Ty, UnOp};
+use std::fmt::Write;
+
+/// Operator binding strength, weakest first; the same table fits every target for the
+/// operators kernel IR has. `CAST` is Rust's `as`; C casts bind like unary operators.
+pub mod prec {
+    pub const OR: u8 = 1;
+    pub const AND: u8 = 2;
+    pub const CMP: u8 = 3;
+    pub const ADD: u8 = 4;
+    pub const MUL: u8 = 5;
+    pub const CAST: u8 = 6;
+    pub const UNARY: u8 = 7;
+    /// Calls, indexing, names and literals: never need parentheses.
+    pub const ATOM: u8 = 8;
+}
+
+/// Rendered expression text and how strongly its outermost operator binds.
+#[derive(Clone, Debug)]
+pub struct Code {
+    pub text: String,
+    pub prec: u8,
+}
+
+impl Code {
+    pub fn new(text: impl Into<String>, prec: u8) -> Code {
+        Code { text: text.into(), prec }
+    }
+
+    /// Text that needs no parentheses anywhere (a name, a call, a literal).
+    pub fn atom(text: impl Into<String>) -> Code {
+        Code::new(text, prec::ATOM)
+    }
+
+    /// The text, parenthesized if it binds weaker than `min`.
+    pub fn at(&self, min: u8) -> String {
+        if self.prec < min {
+            format!("({})", self.text)
+        } else {
+            self.text.clone()
+        }
+    }
+}
+
+/// What a target spells its own way.
+pub trait Dialect {
+    /// A scalar type.
+    fn ty(&self, t: Ty) -> &'static str;
+    fn lit(&self, l: Lit) -> Code;
+    fn cast(&self, to: Ty, arg: Code) -> Code;
+    /// A builtin call; `args[0]` is Rust's receiver.
+    fn builtin(&self, f: Builtin, args: Vec<Code>) -> Code;
+    /// A name from the kernel, renamed if the target reserves it.
+    fn ident(&self, name: &str) -> String {
+        name.to_string()
+    }
+    /// `buf[index]`, as a load and as a store target.
+    fn element(&self, _k: &Kernel, buf: &str, index: Code) -> Code {
+        Code::atom(format!("{}[{}]", self.ident(buf), index.text))
+    }
+    /// A whole local declaration statement.
+    fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String;
+    /// `for` header up to (not including) the opening brace.
+    fn for_header(&self, var: &str, start: &str, end: &str) -> String;
+    /// An `if`/`while` condition as written after the keyword.
+    fn condition(&self, cond: &str) -> String {
+        format!("({cond})")
+    }
+    /// Everything before the helpers: headers, type aliases, builtin shims.
+    fn prelude(&self, k: &Kernel) -> String;
+    /// A helper's signature up to (not including) the opening brace.
+    fn helper_signature(&self, f: &Function) -> String;
+    /// The helper's `return` of `value`.
+    fn helper_return(&self, value: &str) -> String {
+        format!("return {value};")
+    }
+    /// The kernel's signature, opening brace and prologue lines (indented one level),
+    /// given the rendered per-item output length.
+    fn kernel_open(&self, k: &Kernel, out_len: &str) -> String;
+}
+
+/// Renders `k` in dialect `d`.
+pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
+    let r = Renderer { d, k };
+    let mut s = d.prelude(k);
+    for h in &k.helpers {
+        let _ = writeln!(s, "{} {{", d.helper_signature(h));
+        r.block(&mut s, &h.body, 1);
+        let _ = writeln!(s, "    {}", d.helper_return(&r.expr(&h.result).text));
+        s.push_str("}\n\n");
+    }
+    s.push_str(&d.kernel_open(k, &r.expr(&k.out_len).text));
+    r.block(&mut s, &k.body, 1);
+    s.push_str("}\n");
+    s
+}
+
+struct Renderer<'a> {
+    d: &'a dyn Dialect,
+    k: &'a Kernel,
+}
+
+impl Renderer<'_> {
+    fn block(&self, s: &mut String, stmts: &[Stmt], depth: usize) {
+        for st in stmts {
+            self.stmt(s, st, depth);
+        }
+    }
+
+    fn stmt(&self, s: &mut String, st: &Stmt, depth: usize) {
+        let pad = "    ".repeat(depth);
+        let d = self.d;
+        match st {
+            Stmt::Let { name, ty, mutable, init } => {
+                let _ = writeln!(s, "{pad}{}", d.declare(&d.ident(name), *ty, *mutable, &self.expr(init).text));
+            }
+            Stmt::Assign { name, value } => {
+                let _ = writeln!(s, "{pad}{} = {};", d.ident(name), self.expr(value).text);
+            }
+            Stmt::CompoundAssign { name, op, value } => {
+                let _ = writeln!(s, "{pad}{} {}= {};", d.ident(name), op.symbol(), self.expr(value).text);
+            }
+            Stmt::Store { buf, index, op, value } => {
+                let target = d.element(self.k, buf, self.expr(index)).text;
+                let op = op.map_or("", BinOp::symbol);
+                let _ = writeln!(s, "{pad}{target} {op}= {};", self.expr(value).text);
+            }
+            Stmt::For { var, start, end, body } => {
+                let header = d.for_header(&d.ident(var), &self.expr(start).text, &self.expr(end).text);
+                let _ = writeln!(s, "{pad}{header} {{");
+                self.block(s, body, depth + 1);
+                let _ = writeln!(s, "{pad}}}");
+            }
+            Stmt::While { cond, body } => {
+                let _ = writeln!(s, "{pad}while {} {{", d.condition(&self.expr(cond).text));
+                self.block(s, body, depth + 1);
+                let _ = writeln!(s, "{pad}}}");
+            }
+            Stmt::If { .. } => {
+                s.push_str(&pad);
+                self.if_chain(s, st, depth);
+                s.push('\n');
+            }
+        }
+    }
+
+    /// `if .. { } else if .. { } else { }` without the leading indent or the final newline.
+    fn if_chain(&self, s: &mut String, st: &Stmt, depth: usize) {
+        let Stmt::If { cond, then, otherwise } = st else { unreachable!() };
+        let pad = "    ".repeat(depth);
+        let _ = writeln!(s, "if {} {{", self.d.condition(&self.expr(cond).text));
+        self.block(s, then, depth + 1);
+        let _ = write!(s, "{pad}}}");
+        match otherwise.as_slice() {
+            [] => {}
+            [elif @ Stmt::If { .. }] => {
+                s.push_str(" else ");
+                self.if_chain(s, elif, depth);
+            }
+            other => {
+                s.push_str(" else {\n");
+                self.block(s, other, depth + 1);
+                let _ = write!(s, "{pad}}}");
+            }
+        }
+    }
+
+    fn expr(&self, e: &Expr) -> Code {
+        let d = self.d;
+        match e {
+            Expr::Lit(l) => d.lit(*l),
+            Expr::Var(v) => Code::atom(d.ident(v)),
+            Expr::Index { buf, index } => d.element(self.k, buf, self.expr(index)),
+            Expr::Binary { op, lhs, rhs } => {
+                let (l, r) = (self.expr(lhs), self.expr(rhs));
+                // Left-associative: the right operand needs parentheses at equal strength
+                // (`a - (b - c)`). Comparisons never chain, and `&&` inside `||` is always
+                // parenthesized (WGSL requires it).
+                let (p, lmin, rmin) = match op {
+                    BinOp::Or => (prec::OR, prec::AND + 1, prec::AND + 1),
+                    BinOp::And => (prec::AND, prec::AND, prec::AND + 1),
+                    op if op.is_comparison() => (prec::CMP, prec::CMP + 1, prec::CMP + 1),
+                    BinOp::Add | BinOp::Sub => (prec::ADD, prec::ADD, prec::ADD + 1),
+                    _ => (prec::MUL, prec::MUL, prec::MUL + 1),
+                };
+                Code::new(format!("{} {} {}", l.at(lmin), op.symbol(), r.at(rmin)), p)
+            }
+            Expr::Unary { op, arg } => {
+                let sym = match op {
+                    UnOp::Neg => "-",
+                    UnOp::Not => "!",
+                };
+                // `-(-x)`, never `--x`.
+                Code::new(format!("{sym}{}", self.expr(arg).at(prec::ATOM)), prec::UNARY)
+            }
+            Expr::Cast { to, arg } => d.cast(*to, self.expr(arg)),
+            Expr::Call { callee: Callee::Builtin(b), args } => {
+                d.builtin(*b, args.iter().map(|a| self.expr(a)).collect())
+            }
+            Expr::Call { callee: Callee::Helper(name), args } => {
+                let args: Vec<String> = args.iter().map(|a| self.expr(a).text).collect();
+                Code::atom(format!("{}({})", d.ident(name), args.join(", ")))
+            }
+        }
+    }
+}
+
+/// `name(args..)`, the call form of C, WGSL and MSL.
+pub fn call(name: &str, args: &[Code]) -> Code {
+    let args: Vec<&str> = args.iter().map(|a| a.text.as_str()).collect();
+    Code::atom(format!("{name}({})", args.join(", ")))
+}
+
+/// The shortest decimal that reads back as `v` rounded to f32, the float type of the
+/// GPU targets (`F::from_f64(v)` with F = f32). Finite values only.
+pub fn f32_digits(v: f64) -> String {
+    let x = v as f32;
+    assert!(x.is_finite(), "f32_digits of {v}");
+    // Rust's Debug prints the shortest round-tripping form, always with a '.' or an 'e'.
+    format!("{x:?}")
+}
+
+/// Appends `_` to names a target reserves.
+pub fn escape(name: &str, reserved: &[&str]) -> String {
+    if reserved.contains(&name) {
+        format!("{name}_")
+    } else {
+        name.to_string()
+    }
+}
