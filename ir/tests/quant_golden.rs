@@ -288,6 +288,7 @@ fn quantizer_round_trip_rmse() {
         (GgmlType::Q4K, 0.073),
         (GgmlType::Q2K, 0.27),
         (GgmlType::Iq2Xxs, 0.34),
+        (GgmlType::Q6K, 0.019),
     ];
     for &t in quant::supported() {
         if !quant::can_quantize(t) {

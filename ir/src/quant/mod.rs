@@ -44,6 +44,7 @@ registry! {
     q4_k,
     q2_k,
     iq2_xxs,
+    q6_k,
 }
 
 #[cfg(test)]
