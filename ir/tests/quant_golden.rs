@@ -289,6 +289,7 @@ fn quantizer_round_trip_rmse() {
         (GgmlType::Q2K, 0.27),
         (GgmlType::Iq2Xxs, 0.34),
         (GgmlType::Q6K, 0.019),
+        (GgmlType::Mxfp4, 0.12),
     ];
     for &t in quant::supported() {
         if !quant::can_quantize(t) {

@@ -45,6 +45,7 @@ registry! {
     q2_k,
     iq2_xxs,
     q6_k,
+    mxfp4,
 }
 
 #[cfg(test)]
