@@ -158,12 +158,14 @@ impl ThinkMode {
         }
     }
 
-    /// "none"/"off", "high"/"on", "max" (ds4's reasoning-effort names).
+    /// A reasoning-effort name as ds4's API takes it: "none" is off, "max" is max, and
+    /// every other level ("minimal", "low", "medium", "high", "xhigh") is ordinary
+    /// thinking, the only level DS4 has between the two. "off"/"on" are accepted too.
     pub fn parse(name: &str) -> Option<ThinkMode> {
         match name {
-            "none" | "off" | "false" => Some(ThinkMode::Off),
-            "high" | "on" | "true" | "low" | "medium" => Some(ThinkMode::On),
-            "max" | "xhigh" => Some(ThinkMode::Max),
+            "none" | "off" => Some(ThinkMode::Off),
+            "minimal" | "low" | "medium" | "high" | "xhigh" | "on" => Some(ThinkMode::On),
+            "max" => Some(ThinkMode::Max),
             _ => None,
         }
     }
@@ -202,10 +204,13 @@ impl ToolSpec {
     /// written (key order and all) and that is what the prompt shows.
     pub fn from_json(json: &str) -> Result<ToolSpec, ChatError> {
         let outer = ordered_entries(json)?.ok_or_else(|| ChatError::Tool("expected a JSON object".into()))?;
-        let function = outer.iter().find(|(k, _)| k == "function").map(|(_, v)| *v);
-        let whole: &RawValue = serde_json::from_str(json)?;
-        let schema_raw = function.map_or(whole.get(), |f| f.get());
-        let entries = ordered_entries(schema_raw)?.ok_or_else(|| ChatError::Tool("'function' is not an object".into()))?;
+        // `json` is valid JSON here, so trimming its whitespace leaves the object's text.
+        let schema_raw = match outer.iter().find(|(k, _)| k == "function") {
+            Some((_, function)) => function.get(),
+            None => json.trim_matches(|c: char| c.is_ascii_whitespace()),
+        };
+        let entries =
+            ordered_entries(schema_raw)?.ok_or_else(|| ChatError::Tool("'function' is not an object".into()))?;
         let name = entries
             .iter()
             .find(|(k, _)| k == "name")
@@ -277,7 +282,8 @@ pub fn render(messages: &[Message], tools: &[ToolSpec], think: ThinkMode) -> Str
         system.push_str(&m.content);
     }
 
-    let mut out = String::with_capacity(system.len() + messages.iter().map(|m| m.content.len() + 32).sum::<usize>() + 64);
+    let mut out =
+        String::with_capacity(system.len() + messages.iter().map(|m| m.content.len() + 32).sum::<usize>() + 64);
     out.push_str(BOS);
     if think == ThinkMode::Max {
         out.push_str(REASONING_EFFORT_MAX_PREFIX);

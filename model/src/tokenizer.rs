@@ -41,6 +41,9 @@ pub mod token_type {
     pub const BYTE: i32 = 6;
 }
 
+/// `tokenizer.ggml.pre` values that name the pre-tokenizer implemented here.
+pub const SUPPORTED_PRE: [&str; 2] = ["joyai-llm", "deepseek-v3"];
+
 /// The markers ds4's rendered-chat tokenizer recognises inside a prompt string.
 pub const CHAT_MARKERS: [&str; 7] = [
     "<｜begin▁of▁sentence｜>",
@@ -276,8 +279,11 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// Loads the tokenizer from GGUF metadata (`tokenizer.ggml.*`). Refuses files whose
-    /// model is not byte-level BPE (`gpt2`) or whose pre-tokenizer is not DeepSeek-V3's,
-    /// since the split rules here are that pre-tokenizer's and no other.
+    /// model is not byte-level BPE (`gpt2`) or whose pre-tokenizer is not DeepSeek's,
+    /// since the split rules here are that pre-tokenizer's and no other. DeepSeek-V4
+    /// GGUFs name it `joyai-llm` (llama.cpp's name for the same three-pass split),
+    /// converters from the V3 tokenizer `deepseek-v3`; a file without the key is taken
+    /// as DeepSeek's.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, TokenizerError> {
         let model = g.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
@@ -285,9 +291,10 @@ impl Tokenizer {
         }
         if let Some(pre) = g.meta("tokenizer.ggml.pre") {
             let pre = pre.as_str().unwrap_or("");
-            if !matches!(pre, "deepseek-v3" | "deepseek3-llm") {
+            if !SUPPORTED_PRE.contains(&pre) {
                 return Err(invalid(format!(
-                    "tokenizer.ggml.pre is '{pre}'; only the DeepSeek-V3 pre-tokenizer ('deepseek-v3') is implemented"
+                    "tokenizer.ggml.pre is '{pre}'; only DeepSeek's pre-tokenizer ({}) is implemented",
+                    SUPPORTED_PRE.join(", ")
                 )));
             }
         }
@@ -346,7 +353,10 @@ impl Tokenizer {
                 .split_once(' ')
                 .ok_or_else(|| invalid(format!("merge {rank} '{line}' is not two space-separated tokens")))?;
             let lookup = |t: &str| {
-                vocab.get(t).copied().ok_or_else(|| invalid(format!("merge {rank} '{line}': '{t}' is not in the vocabulary")))
+                vocab
+                    .get(t)
+                    .copied()
+                    .ok_or_else(|| invalid(format!("merge {rank} '{line}': '{t}' is not in the vocabulary")))
             };
             let (left, right) = (lookup(l)?, lookup(r)?);
             let merged = lookup(&format!("{l}{r}"))?;
@@ -372,7 +382,12 @@ impl Tokenizer {
 
         let is_added = |ty: i32| ty == token_type::CONTROL || ty == token_type::USER_DEFINED;
         let added = LiteralMatcher::new(
-            tokens.iter().zip(&token_types).enumerate().filter(|(_, (_, &ty))| is_added(ty)).map(|(id, (t, _))| (t.as_str(), id as u32)),
+            tokens
+                .iter()
+                .zip(&token_types)
+                .enumerate()
+                .filter(|(_, (_, &ty))| is_added(ty))
+                .map(|(id, (t, _))| (t.as_str(), id as u32)),
         );
         let mut markers = Vec::new();
         for m in CHAT_MARKERS {
@@ -708,6 +723,12 @@ mod tests {
         *types.last_mut().unwrap() = token_type::CONTROL;
         let merges = ["a a", "aa a", "b c"].map(String::from).to_vec();
         Tokenizer::new(tokens, merges, types, 259, 259).unwrap()
+    }
+
+    #[test]
+    fn shareable_across_threads() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
     }
 
     #[test]

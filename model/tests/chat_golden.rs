@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use ds4_model::chat::{
-    self, parse_generated, parse_tool_calls, render, render_tool_calls, Message, Role, ThinkMode, ToolCall,
-    ToolSpec, REASONING_EFFORT_MAX_PREFIX,
+    self, parse_generated, parse_tool_calls, render, render_tool_calls, Message, Role, ThinkMode, ToolCall, ToolSpec,
+    REASONING_EFFORT_MAX_PREFIX,
 };
 use ds4_model::gguf::GgufFile;
 use ds4_model::tokenizer::Tokenizer;
@@ -139,7 +139,10 @@ fn tools_and_tool_calls_render_like_ds4() {
     assert!(json_eq(built.schema_json(), weather_tool().schema_json()));
     assert_eq!(built.name, "get_weather");
     // A bare function object is accepted too; a tool without a name is not.
-    assert_eq!(ToolSpec::from_json(r#"{"name": "f", "parameters": {}}"#).unwrap().schema_json(), r#"{"name": "f", "parameters": {}}"#);
+    assert_eq!(
+        ToolSpec::from_json(r#"{"name": "f", "parameters": {}}"#).unwrap().schema_json(),
+        r#"{"name": "f", "parameters": {}}"#
+    );
     assert!(ToolSpec::from_json(r#"{"type":"function","function":{"description":"x"}}"#).is_err());
     assert!(ToolSpec::from_json("[1]").is_err());
     assert!(ToolSpec::from_json("{bad").is_err());
@@ -171,7 +174,10 @@ fn json_eq(a: &str, b: &str) -> bool {
 fn tool_calls_round_trip() {
     let calls = vec![
         ToolCall::new("get_weather", r#"{"city": "Paris & <Rome>", "days": 3, "units": null}"#),
-        ToolCall::new("run", r#"{"cmd": "ls -l | grep \"x\" && echo '</｜DSML｜parameter>'\n", "env": {"A": [1, 2.5, true]}}"#),
+        ToolCall::new(
+            "run",
+            r#"{"cmd": "ls -l | grep \"x\" && echo '</｜DSML｜parameter>'\n", "env": {"A": [1, 2.5, true]}}"#,
+        ),
         ToolCall::new("noargs", "{}"),
     ];
     let text = format!("Let me check.{}", render_tool_calls(&calls));
@@ -242,7 +248,8 @@ fn parse_generated_variants() {
     assert_eq!(calls, vec![ToolCall::new("a&b", r#"{"s": "x < y && z", "bad": "not json"}"#)]);
 
     // A block that does not parse: the text comes back whole, no calls.
-    let broken = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">1";
+    let broken =
+        "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">1";
     assert_eq!(parse_tool_calls(broken), (broken.to_string(), vec![]));
     let g = parse_generated(&format!("r</think>{broken}"), true);
     assert!(g.tool_parse_error && g.tool_calls.is_empty());
@@ -292,12 +299,18 @@ fn request_from_json(body: &str) -> (Vec<Message>, Vec<ToolSpec>) {
         .messages
         .iter()
         .map(|m| {
-            let mut msg = Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap_or(""));
+            let mut msg =
+                Message::new(Role::parse(m["role"].as_str().unwrap()).unwrap(), m["content"].as_str().unwrap_or(""));
             msg.reasoning = m["reasoning_content"].as_str().map(str::to_string);
             if let Some(calls) = m["tool_calls"].as_array() {
                 msg.tool_calls = calls
                     .iter()
-                    .map(|c| ToolCall::new(c["function"]["name"].as_str().unwrap(), c["function"]["arguments"].as_str().unwrap()))
+                    .map(|c| {
+                        ToolCall::new(
+                            c["function"]["name"].as_str().unwrap(),
+                            c["function"]["arguments"].as_str().unwrap(),
+                        )
+                    })
                     .collect();
             }
             msg

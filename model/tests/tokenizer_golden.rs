@@ -60,6 +60,51 @@ fn metadata() {
     assert_eq!(tok.token_to_piece(u32::MAX), b"");
 }
 
+/// `from_gguf` on files written by our GGUF writer: the golden tokenizer's metadata
+/// copied under each accepted pre-tokenizer name loads and encodes the same; another
+/// pre-tokenizer, a non-BPE model or missing keys are refused with the key named.
+#[test]
+fn from_gguf_checks_metadata() {
+    use ds4_model::gguf::MetaValue;
+    use ds4_model::gguf_writer::GgufWriter;
+
+    let src = GgufFile::open(&golden_dir().join("tokenizer/tokenizer.gguf")).unwrap();
+    let with = |overrides: &[(&str, Option<MetaValue>)]| -> Result<Tokenizer, String> {
+        let mut w = GgufWriter::new();
+        for (k, v) in &src.metadata {
+            if overrides.iter().any(|(o, _)| o == k) {
+                continue;
+            }
+            w.add_meta(k.clone(), v.clone()).unwrap();
+        }
+        for (k, v) in overrides {
+            if let Some(v) = v {
+                w.add_meta(*k, v.clone()).unwrap();
+            }
+        }
+        let g = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+        Tokenizer::from_gguf(&g).map_err(|e| e.to_string())
+    };
+    let text = "DeepSeek-V4 <think>42</think> 你好";
+    let want = tokenizer().encode(text);
+    for pre in ["joyai-llm", "deepseek-v3"] {
+        let tok = with(&[("tokenizer.ggml.pre", Some(MetaValue::Str(pre.into())))]).unwrap();
+        assert_eq!(tok.encode(text), want, "{pre}");
+    }
+    assert_eq!(with(&[("tokenizer.ggml.pre", None)]).unwrap().encode(text), want);
+
+    let e = with(&[("tokenizer.ggml.pre", Some(MetaValue::Str("llama-bpe".into())))]).unwrap_err();
+    assert!(e.contains("llama-bpe") && e.contains("joyai-llm"), "{e}");
+    let e = with(&[("tokenizer.ggml.model", Some(MetaValue::Str("llama".into())))]).unwrap_err();
+    assert!(e.contains("gpt2"), "{e}");
+    let e = with(&[("tokenizer.ggml.merges", None)]).unwrap_err();
+    assert!(e.contains("tokenizer.ggml.merges"), "{e}");
+    let e = with(&[("tokenizer.ggml.eos_token_id", Some(MetaValue::U32(200_000)))]).unwrap_err();
+    assert!(e.contains("EOS id 200000"), "{e}");
+    let e = with(&[("tokenizer.ggml.token_type", Some(MetaValue::Array(vec![MetaValue::I32(1); 5])))]).unwrap_err();
+    assert!(e.contains("5 token types"), "{e}");
+}
+
 #[test]
 fn every_case_matches_hf_tokenizers() {
     let tok = tokenizer();
@@ -107,7 +152,13 @@ fn extra_cases_from_env() {
         if got != want {
             bad += 1;
             if bad <= 5 {
-                println!("line {}: {:?}\n  want {:?}\n  got  {:?}", i + 1, s.chars().take(200).collect::<String>(), want, got);
+                println!(
+                    "line {}: {:?}\n  want {:?}\n  got  {:?}",
+                    i + 1,
+                    s.chars().take(200).collect::<String>(),
+                    want,
+                    got
+                );
             }
         }
         assert_eq!(tok.decode_bytes(&got), s.as_bytes(), "line {}: decode(encode)", i + 1);
@@ -196,12 +247,11 @@ fn report(label: &str, tok: &Tokenizer, text: &str) {
 /// Encoding speed, printed rather than asserted since machines differ: over this
 /// repository's own Rust sources and docs (code and English prose), over the golden
 /// cases repeated (mixed scripts, emoji, random symbols), and over
-/// `DS4_TOKENIZER_BENCH_TEXT` if set.
+/// `DS4_TOKENIZER_BENCH_TEXT` if set. Tests build with overflow checks and debug asserts: for real
+/// numbers (and the load time) run `cargo bench -p ds4-model --bench tokenizer`.
 #[test]
 fn throughput() {
-    let t = Instant::now();
     let tok = tokenizer();
-    println!("load (first use, includes GGUF parse): {:.3} s", t.elapsed().as_secs_f64());
 
     let mut repo_text = String::new();
     let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
