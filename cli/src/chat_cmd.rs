@@ -6,12 +6,13 @@
 //! conversation it has seen. Ctrl-C stops the reply being generated; at the prompt it
 //! leaves, as does Ctrl-D. Lines starting with `/` are commands (`/help`).
 
-use crate::serve::generate::{Finish, Flow, GenParams, Generator};
+use crate::serve::generate::{Finish, GenParams, Generator};
 use crate::serve::output::{Output, OutputOptions, Piece};
 use crate::text_model::{load_text_model, TextModel};
 use anyhow::{Context, Result};
 use ds4_model::chat::{self, Message, ThinkMode};
 use ds4_runtime::sample::SamplerOptions;
+use ds4_runtime::SessionOptions;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,7 +87,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let interrupt = Interrupt::install()?;
     let mut chat = Chat {
         tm: &tm,
-        gen: Generator::new(&tm, a.chunk),
+        // The template drops the reasoning of earlier turns, so the next prompt parts from
+        // what was fed at the start of the last reply: keep enough state to rewind a
+        // whole reply instead of feeding the conversation again (capped: it costs memory).
+        gen: Generator::with_options(&tm, a.chunk, SessionOptions { max_rewind: (a.n + 16).min(4096), ..Default::default() }),
         history: a.system.iter().map(Message::system).collect(),
         think: a.think,
         sampler: SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed },
@@ -167,7 +171,9 @@ impl Chat<'_> {
         );
         let mut printer = Printer { tty: self.tty_out, in_reasoning: false, reasoning: String::new(), content: String::new() };
         let bar = self.tty_err;
-        let mut progress = |done: usize, total: usize| progress_bar(bar, done, total);
+        // Whether an unfinished bar is on screen (to be cleared if Ctrl-C cuts the prefill).
+        let mut bar_up = false;
+        let mut progress = |done: usize, total: usize| bar_up = progress_bar(bar, done, total);
 
         interrupt.stop.store(false, Ordering::SeqCst);
         interrupt.generating.store(true, Ordering::SeqCst);
@@ -177,10 +183,19 @@ impl Chat<'_> {
             output.push(t, &mut |p| printer.print(p))
         });
         interrupt.generating.store(false, Ordering::SeqCst);
+        if bar_up {
+            eprint!("\r\x1b[K");
+        }
         let outcome = result?;
         output.finish(&mut |p| printer.print(p));
-        printer.end();
         let secs = t0.elapsed().as_secs_f64();
+        if outcome.finish == Finish::Cancelled && outcome.completion_tokens == 0 {
+            // Stopped before any answer: as if the message had not been sent.
+            self.history.pop();
+            eprintln!("[stopped; message dropped]");
+            return Ok(());
+        }
+        printer.end();
         if outcome.finish == Finish::Cancelled {
             eprintln!("[stopped]");
         }
@@ -243,19 +258,21 @@ impl Printer {
     }
 }
 
-/// A one-line bar on stderr while a prompt longer than one batch is processed; cleared
-/// when done. Only on a terminal: in a log it would be noise.
-fn progress_bar(enabled: bool, done: usize, total: usize) {
+/// A one-line bar on stderr while a long prompt is processed; cleared when done. Only on
+/// a terminal: in a log it would be noise. Returns whether a bar is left on screen.
+fn progress_bar(enabled: bool, done: usize, total: usize) -> bool {
     const WIDTH: usize = 30;
     if !enabled || total <= 256 {
-        return;
+        return false;
     }
     let mut err = std::io::stderr().lock();
-    if done >= total {
-        let _ = write!(err, "\r\x1b[K");
-    } else {
+    let up = done < total;
+    if up {
         let filled = WIDTH * done / total;
         let _ = write!(err, "\rprompt [{}{}] {done}/{total} tokens", "#".repeat(filled), "-".repeat(WIDTH - filled));
+    } else {
+        let _ = write!(err, "\r\x1b[K");
     }
     let _ = err.flush();
+    up
 }

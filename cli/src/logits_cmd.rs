@@ -3,7 +3,8 @@
 
 use crate::common::{load_model, parse_tokens};
 use anyhow::{Context, Result};
-use ds4_runtime::{Session, SessionOptions};
+use ds4_runtime::cuda::AnySession;
+use ds4_runtime::SessionOptions;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -18,12 +19,18 @@ pub struct LogitsArgs {
     pub plain: bool,
     #[arg(long)]
     pub out: PathBuf,
+    /// Where the graph runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ds4_runtime::cuda::BackendKind,
+    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
+    #[arg(long)]
+    pub pack_weights: bool,
 }
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let ids = parse_tokens(&a.tokens)?;
     let model = load_model(a.model.as_deref())?;
-    let mut s: Session<f32> = Session::new(&model, SessionOptions { plain: a.plain, ..Default::default() });
+    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor } })?;
     let logits = s.feed(&ids)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), model.hp.vocab], &bytes)?;

@@ -1,9 +1,12 @@
 //! `ds4 run [--model M] (--tokens 0,5,9 | --prompt TEXT) -n N [--temp 0] [--plain] [--ids]`.
 
 use crate::common::{load_model, parse_tokens};
+use crate::text_model::load_text_model;
+use ds4_model::tokenizer::StreamDecoder;
 use anyhow::{anyhow, Result};
 use ds4_runtime::sample::{Sampler, SamplerOptions};
-use ds4_runtime::{Session, SessionOptions};
+use ds4_runtime::cuda::AnySession;
+use ds4_runtime::SessionOptions;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -38,17 +41,28 @@ pub struct RunArgs {
     /// Print only the generated ids, comma-separated on one line.
     #[arg(long)]
     pub ids: bool,
+    /// Where the graph runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ds4_runtime::cuda::BackendKind,
+    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
+    #[arg(long)]
+    pub pack_weights: bool,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let prompt = match (&a.tokens, &a.prompt) {
-        (Some(t), _) => parse_tokens(t)?,
-        (None, Some(_)) => return Err(anyhow!("--prompt needs a tokenizer, which this build does not have yet; pass --tokens instead")),
-        (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 (or --prompt TEXT)")),
+    // Token ids in, ids out; or text in (BOS + the text's tokens), text out.
+    let (model, tok, prompt) = match (&a.tokens, &a.prompt) {
+        (Some(t), _) => (load_model(a.model.as_deref())?, None, parse_tokens(t)?),
+        (None, Some(text)) => {
+            let tm = load_text_model(a.model.as_deref())?;
+            let mut ids = vec![tm.tok.bos()];
+            ids.extend(tm.tok.encode(text));
+            (tm.model, Some(tm.tok), ids)
+        }
+        (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
-    let model = load_model(a.model.as_deref())?;
     let vocab = model.hp.vocab;
-    let mut s: Session<f32> = Session::new(&model, SessionOptions { plain: a.plain, ..Default::default() });
+    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor } })?;
     let mut sampler = Sampler::new(SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed });
     let t0 = std::time::Instant::now();
     let logits = s.prefill(&prompt, a.chunk)?;
@@ -57,10 +71,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut out = Vec::with_capacity(a.n);
     let t1 = std::time::Instant::now();
     let stdout = std::io::stdout();
+    let mut stream = tok.as_ref().map(|_| StreamDecoder::new());
     for i in 0..a.n {
         out.push(next);
         if !a.ids {
-            print!("{next}{}", if i + 1 < a.n { " " } else { "\n" });
+            match (&tok, &mut stream) {
+                (Some(t), Some(sd)) => print!("{}", sd.push(t, next)),
+                _ => print!("{next}{}", if i + 1 < a.n { " " } else { "" }),
+            }
             stdout.lock().flush().ok();
         }
         if i + 1 == a.n {
@@ -68,6 +86,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         let l = s.feed(&[next])?;
         next = sampler.sample(&l) as u32;
+    }
+    if !a.ids {
+        if let Some(sd) = &mut stream {
+            print!("{}", sd.finish());
+        }
+        println!();
     }
     if a.ids {
         let line: Vec<String> = out.iter().map(|t| t.to_string()).collect();

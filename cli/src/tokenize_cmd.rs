@@ -139,3 +139,12 @@ mod tests {
         assert!(run_str(&args(Some("x"), Some("f".into()))).is_err());
     }
 }
+
+/// `ds4 tokenize`: the model's tokenizer, or the embedded DS4 one without `--model`.
+pub fn main(args: TokenizeArgs) -> Result<()> {
+    let tok = match &args.model {
+        Some(p) => load_tokenizer(p)?,
+        None => crate::text_model::embedded_tokenizer()?,
+    };
+    run(&args, &tok)
+}

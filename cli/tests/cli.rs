@@ -118,3 +118,25 @@ fn missing_or_misshaped_tensors_are_named() {
     let bad_shape = rewrite("", Some("blk.2.attn_q_b.weight"));
     refuses(&["run", "--tokens", "0", "-n", "1", "--model"], Some(&bad_shape), "blk.2.attn_q_b.weight");
 }
+
+#[test]
+fn tokenize_jsonl_reproduces_the_golden_cases() {
+    let cases = ds4_golden::golden_dir().join("tokenizer/cases.jsonl");
+    let tok = ds4_golden::golden_dir().join("tokenizer/tokenizer.gguf");
+    let out = ds4().args(["tokenize", "--model"]).arg(&tok).arg("--jsonl").arg(&cases).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want: Vec<serde_json::Value> = std::fs::read_to_string(&cases).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let got: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g["text"], w["text"]);
+        assert_eq!(g["ids"], w["ids"], "text {:?}", w["text"]);
+    }
+}
+
+#[test]
+fn run_prompt_works_on_the_embedded_default() {
+    let out = ds4().args(["run", "--prompt", "Hello", "-n", "3", "--ids"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim().split(',').count(), 3);
+}

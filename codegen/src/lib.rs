@@ -6,7 +6,9 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod manifest;
 pub mod metal;
+pub mod quant;
 pub mod render;
 pub mod wgsl;
 

@@ -23,7 +23,9 @@
 
 mod check;
 mod emit_cpu;
+mod emit_dot;
 mod emit_ir;
+mod factor;
 mod range;
 mod ty;
 

@@ -46,16 +46,31 @@ pub struct RunInputs<'a, F> {
     pub residual: Option<&'a [F]>,
 }
 
+/// The fast path's activation rows: each of the `m` rows of `x` ([m, k]) quantized once
+/// (not once per weight row), or None for the exact path.
+fn prepare_fast<F: Compute>(fast: bool, x: &[F], m: usize, k: usize) -> Option<Vec<ds4_ir::quant::QuantActs>> {
+    if !fast || k == 0 {
+        return None;
+    }
+    (0..m).map(|t| F::prepare_fast(&x[t * k..(t + 1) * k])).collect()
+}
+
 /// x [m, k] times the rows of w ([n, k] in w's type) → [m, n]. Parallel over weight rows,
 /// so each quantized row is read once for all m tokens.
-fn matmul<F: Compute>(x: &[F], m: usize, k: usize, w: &WeightView<'_>, n: usize) -> Vec<F> {
+fn matmul<F: Compute>(x: &[F], m: usize, k: usize, w: &WeightView<'_>, n: usize, fast: bool) -> Vec<F> {
     let mut out_t = zeros::<F>(n * m);
-    let per = (4096 / m.max(1)).max(1);
+    // About 4096 outputs per task, but at least four tasks per thread: a decode step
+    // (m = 1) must not put a whole 4096-row matrix on one thread.
+    let per = (4096 / m.max(1)).min(n.div_ceil(4 * rayon::current_num_threads())).max(1);
+    let acts = prepare_fast(fast, x, m, k);
     out_t.par_chunks_mut(m * per).enumerate().for_each(|(c, chunk)| {
         for (j, col) in chunk.chunks_mut(m).enumerate() {
             let row = w.row(c * per + j, k);
             for (t, o) in col.iter_mut().enumerate() {
-                *o = F::dot_weight_row(w.ty, row, &x[t * k..(t + 1) * k]);
+                *o = match &acts {
+                    Some(a) => F::dot_weight_row_fast(w.ty, row, &a[t]),
+                    None => F::dot_weight_row(w.ty, row, &x[t * k..(t + 1) * k]),
+                };
             }
         }
     });
@@ -71,6 +86,8 @@ fn matmul<F: Compute>(x: &[F], m: usize, k: usize, w: &WeightView<'_>, n: usize)
 pub struct Executor<'a> {
     pub graph: &'a Graph,
     pub weights: &'a Weights,
+    /// Use the quantized-activation fast path in the matmuls (`SessionOptions::fast`).
+    pub fast: bool,
 }
 
 impl<'a> Executor<'a> {
@@ -146,7 +163,7 @@ impl<'a> Executor<'a> {
                 }
                 Op::MatMul => {
                     let (k, n) = (last(0), shape[shape.len() - 1]);
-                    Value::F(matmul(f(0), rows(0), k, &w(1), n))
+                    Value::F(matmul(f(0), rows(0), k, &w(1), n, self.fast))
                 }
                 Op::GroupedMatMul { groups } => {
                     let (x, wt, m) = (f(0), w(1), rows(0));
@@ -156,8 +173,13 @@ impl<'a> Executor<'a> {
                     launch(&mut out, ng * groups, |t, o| {
                         for gi in 0..*groups {
                             let xs = &x[t * groups * kg + gi * kg..][..kg];
+                            let acts = prepare_fast(self.fast, xs, 1, kg);
                             for j in 0..ng {
-                                o[gi * ng + j] = F::dot_weight_row(wt.ty, wt.row(gi * ng + j, kg), xs);
+                                let row = wt.row(gi * ng + j, kg);
+                                o[gi * ng + j] = match &acts {
+                                    Some(a) => F::dot_weight_row_fast(wt.ty, row, &a[0]),
+                                    None => F::dot_weight_row(wt.ty, row, xs),
+                                };
                             }
                         }
                     });
@@ -180,16 +202,24 @@ impl<'a> Executor<'a> {
                         let mut g = zeros::<F>(ff);
                         let mut u = zeros::<F>(ff);
                         let mut h = zeros::<F>(ff);
+                        // Fast path: the token's row quantized once for all its experts' gate
+                        // and up rows, and each expert's h once for its down rows.
+                        let xa = prepare_fast(self.fast, x, 1, d);
+                        let dot = |w: &WeightView<'_>, row: &[u8], v: &[F], a: &Option<Vec<ds4_ir::quant::QuantActs>>| match a {
+                            Some(a) => F::dot_weight_row_fast(w.ty, row, &a[0]),
+                            None => F::dot_weight_row(w.ty, row, v),
+                        };
                         for j in 0..k {
                             let e = sel[t * k + j] as usize;
                             for i in 0..ff {
-                                g[i] = F::dot_weight_row(gate.ty, gate.row(e * ff + i, d), x);
-                                u[i] = F::dot_weight_row(up.ty, up.row(e * ff + i, d), x);
+                                g[i] = dot(&gate, gate.row(e * ff + i, d), x, &xa);
+                                u[i] = dot(&up, up.row(e * ff + i, d), x, &xa);
                             }
                             moe::swiglu(0, &mut h, &g, &u, ff, c);
+                            let ha = prepare_fast(self.fast, &h, 1, ff);
                             let we = wts[t * k + j];
                             for (i, oi) in o.iter_mut().enumerate() {
-                                *oi += we * F::dot_weight_row(down.ty, down.row(e * d + i, ff), &h);
+                                *oi += we * dot(&down, down.row(e * d + i, ff), &h, &ha);
                             }
                         }
                     });

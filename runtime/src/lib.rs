@@ -1,4 +1,5 @@
 //! ds4-runtime: weights, the graph executor, per-session state, sessions and sampling.
+pub mod cuda;
 pub mod exec;
 pub mod sample;
 pub mod session;

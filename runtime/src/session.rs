@@ -69,11 +69,16 @@ pub struct SessionOptions {
     pub plain: bool,
     /// Positions `rewind` can drop (extra state kept).
     pub max_rewind: usize,
+    /// CPU fast path: matmuls quantize each activation row to int8 (blocks of 32) and use
+    /// the quant types' integer dot products (`ds4_ir::quant::dot_row_fast`). Not exact:
+    /// its deviation from the exact path is measured in tests/tests/fast_path.rs. Off by
+    /// default (the golden tests use the exact path); ignored by the f64 reference.
+    pub fast: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { plain: false, max_rewind: 256 }
+        SessionOptions { plain: false, max_rewind: 256, fast: false }
     }
 }
 
@@ -129,7 +134,7 @@ impl<'m, F: Compute> Session<'m, F> {
         }
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
-        let ex = Executor { graph: &self.graph, weights: &self.model.weights };
+        let ex = Executor { graph: &self.graph, weights: &self.model.weights, fast: self.opts.fast };
         let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual })?;
         self.pos += ids.len();
         Ok(outs)

@@ -1,6 +1,7 @@
 //! Weights: views into the model file's tensor data (mmap or in-memory), in their GGUF
 //! types. Nothing is converted up front; matmuls read quantized rows directly.
 
+use ds4_ir::quant::QuantActs;
 use ds4_ir::{GgmlType, Real};
 use ds4_model::gguf::GgufFile;
 use std::sync::Arc;
@@ -61,6 +62,16 @@ impl<'a> WeightView<'a> {
 pub trait Compute: Real {
     fn dot_weight_row(ty: GgmlType, row: &[u8], x: &[Self]) -> Self;
     fn dequant_row(ty: GgmlType, row: &[u8], out: &mut [Self]);
+
+    /// The fast path (`SessionOptions::fast`): an activation row quantized for
+    /// `dot_weight_row_fast`, or None where this float type has no fast path (the f64
+    /// reference), and the caller uses `dot_weight_row`.
+    fn prepare_fast(_x: &[Self]) -> Option<QuantActs> {
+        None
+    }
+    fn dot_weight_row_fast(ty: GgmlType, row: &[u8], a: &QuantActs) -> Self {
+        Self::from_f32(ds4_ir::quant::dot_row_fast(ty, row, a).expect("row length checked by the graph builder"))
+    }
 }
 
 impl Compute for f32 {
@@ -70,6 +81,9 @@ impl Compute for f32 {
     }
     fn dequant_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
         ds4_ir::quant::dequantize_row(ty, row, out).expect("row length checked by the graph builder")
+    }
+    fn prepare_fast(x: &[f32]) -> Option<QuantActs> {
+        Some(ds4_ir::quant::quantize_activations(x))
     }
 }
 

@@ -60,7 +60,13 @@ pub struct Generator<'m> {
 
 impl<'m> Generator<'m> {
     pub fn new(tm: &'m TextModel, chunk: usize) -> Self {
-        Generator { tm, session: Session::new(&tm.model, SessionOptions::default()), fed: Vec::new(), chunk: chunk.max(1) }
+        Self::with_options(tm, chunk, SessionOptions::default())
+    }
+
+    /// `opts.max_rewind` bounds how far back a later prompt may part from what was fed
+    /// and still reuse the rest; past it, the whole prompt is fed again.
+    pub fn with_options(tm: &'m TextModel, chunk: usize, opts: SessionOptions) -> Self {
+        Generator { tm, session: Session::new(&tm.model, opts), fed: Vec::new(), chunk: chunk.max(1) }
     }
 
     /// Forget everything fed so far.

@@ -33,6 +33,14 @@ impl hyper::body::Body for Body {
     fn is_end_stream(&self) -> bool {
         matches!(self, Body::Full(None))
     }
+
+    /// Exact for a whole body, so hyper sends Content-Length instead of chunks.
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Full(b) => hyper::body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
 }
 
 pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {

@@ -208,3 +208,64 @@ impl Sink for CollectSink {
         self.tx.as_ref().is_none_or(|tx| tx.is_closed())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(endpoint: Endpoint) -> Meta {
+        Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into(), endpoint }
+    }
+
+    fn call() -> ToolCall {
+        ToolCall::new("get_weather", "{\"city\": \"Paris\"}")
+    }
+
+    #[test]
+    fn collected_chat_with_tool_calls() {
+        let (tx, mut rx) = oneshot::channel();
+        let mut s = CollectSink::new(meta(Endpoint::Chat), tx);
+        s.piece(Piece::Reasoning("think".into()));
+        s.finish(vec![call()], "tool_calls", Usage { prompt_tokens: 5, completion_tokens: 7 });
+        let v = rx.try_recv().unwrap().unwrap();
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["content"], Value::Null, "no text besides the call");
+        assert_eq!(m["reasoning_content"], "think");
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+        assert!(m["tool_calls"][0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(m["tool_calls"][0]["function"], json!({ "name": "get_weather", "arguments": "{\"city\": \"Paris\"}" }));
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(v["usage"]["total_tokens"], 12);
+    }
+
+    #[test]
+    fn streamed_chat_events() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut s = StreamSink::new(meta(Endpoint::Chat), tx, true);
+        s.piece(Piece::Content("Hi".into()));
+        s.finish(vec![call()], "tool_calls", Usage { prompt_tokens: 1, completion_tokens: 2 });
+        let mut events = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            let text = String::from_utf8(b.to_vec()).unwrap();
+            events.push(text.strip_prefix("data: ").unwrap().strip_suffix("\n\n").unwrap().to_string());
+        }
+        assert_eq!(events.len(), 6, "{events:?}");
+        assert_eq!(events[5], "[DONE]");
+        let v: Vec<Value> = events[..5].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        assert_eq!(v[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v[1]["choices"][0]["delta"]["content"], "Hi");
+        assert_eq!(v[2]["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+        assert_eq!(v[3]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(v[4]["usage"]["completion_tokens"], 2);
+        assert!(v.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    }
+
+    #[test]
+    fn a_dropped_receiver_reads_as_closed() {
+        let (tx, rx) = mpsc::channel(1);
+        let s = StreamSink { meta: meta(Endpoint::Completion), tx, include_usage: false };
+        assert!(!s.closed());
+        drop(rx);
+        assert!(s.closed());
+    }
+}

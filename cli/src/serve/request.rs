@@ -34,7 +34,6 @@ pub enum Endpoint {
 }
 
 pub struct GenRequest {
-    pub endpoint: Endpoint,
     pub prompt: Vec<u32>,
     pub params: GenParams,
     pub output: OutputOptions,
@@ -133,7 +132,6 @@ pub fn parse_chat(body: &[u8], tm: &TextModel, defaults: &Defaults, fallback_see
     // A model that starts the next user turn has finished its own.
     stop_ids.extend(tm.tok.token_to_id(chat::USER));
     Ok(GenRequest {
-        endpoint: Endpoint::Chat,
         prompt,
         params: GenParams { sampler: common.sampler, max_tokens: common.max_tokens, stop_ids },
         output: OutputOptions { thinking: think.thinking(), tools: !offered.is_empty(), stop: common.stop, forced_prefix },
@@ -165,7 +163,6 @@ pub fn parse_completion(body: &[u8], tm: &TextModel, defaults: &Defaults, fallba
     }
     check_length(&prompt, tm)?;
     Ok(GenRequest {
-        endpoint: Endpoint::Completion,
         prompt,
         params: GenParams { sampler: common.sampler, max_tokens: common.max_tokens, stop_ids: vec![tm.tok.eos()] },
         output: OutputOptions { thinking: false, tools: false, stop: common.stop, forced_prefix: String::new() },

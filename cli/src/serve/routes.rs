@@ -32,7 +32,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
     let res = match (req.method(), route) {
         (&Method::GET, "/health") => Ok(health(&state)),
         (&Method::GET, "/models") => Ok(models(&state)),
-        (&Method::GET, r) if r.starts_with("/models/") => model(&state, &r["/models/".len()..]),
+        (&Method::GET, r) if r.starts_with("/models/") => model(&state, &percent_decode(&r["/models/".len()..])),
         (&Method::POST, "/chat/completions") => generate(state, req, Endpoint::Chat).await,
         (&Method::POST, "/completions") => generate(state, req, Endpoint::Completion).await,
         (m, "/health" | "/models" | "/chat/completions" | "/completions") => {
@@ -131,6 +131,28 @@ fn spawn_job(
         let id = meta.id.clone();
         job::run(&state, &id, req, make_sink(meta));
     });
+}
+
+/// `%XX` escapes in a path segment (model names may hold spaces); anything malformed
+/// is kept as written.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).and_then(|&c| hex(c)), b.get(i + 2).and_then(|&c| hex(c))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 pub fn unix_now() -> u64 {

@@ -49,7 +49,7 @@ pub fn cpu(t: GgmlType) -> Option<&'static CpuQuant> {
     REGISTRY.iter().copied().find(|q| q.spec.ggml == t)
 }
 
-fn find(t: GgmlType) -> Result<&'static CpuQuant, QuantError> {
+pub(super) fn find(t: GgmlType) -> Result<&'static CpuQuant, QuantError> {
     cpu(t).ok_or(QuantError::Unsupported(t))
 }
 
@@ -85,6 +85,13 @@ fn expect_elems(
     Ok(())
 }
 
+/// Blocks in a row of `bytes` bytes that a vector of `elems` values must match.
+pub(super) fn row_blocks(q: &CpuQuant, bytes: usize, elems: usize) -> Result<usize, QuantError> {
+    let blocks = blocks_in_bytes(q, bytes)?;
+    expect_elems(q, "x", elems, blocks)?;
+    Ok(blocks)
+}
+
 /// De-quantize a row of whole blocks: `dst.len()` must be the row's element count.
 pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     let q = find(t)?;
@@ -99,8 +106,7 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Qu
 /// pairwise at the end). Allocation-free; the CPU matmul calls this per output row.
 pub fn dot_row(t: GgmlType, src: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let q = find(t)?;
-    let blocks = blocks_in_bytes(q, src.len())?;
-    expect_elems(q, "x", x.len(), blocks)?;
+    row_blocks(q, src.len(), x.len())?;
     Ok((q.dot_row)(src, x))
 }
 

@@ -17,8 +17,10 @@ pub mod fit;
 pub mod rt;
 pub mod spec;
 
+mod acts;
 mod api;
 
+pub use acts::{dot_row_fast, has_fast_kernel, quantize_activations, simd_level, QuantActs};
 pub use api::{
     can_quantize, cpu, dequantize_row, dot_row, quantize_row, spec, supported, QuantError,
 };

@@ -16,7 +16,15 @@ pub struct CpuQuant {
     pub dequantize_row: fn(&[u8], &mut [f32]),
     pub dot_row: fn(&[u8], &[f32]) -> f32,
     pub quantize_row: Option<QuantizeRow>,
+    /// The integer dot product against quantized activations, for types whose element
+    /// term is a small integer (see `quant::acts`); None: the fast path uses `dot_row`.
+    pub dot_row_q8: Option<DotRowQ8>,
 }
+
+/// `dot_row_q8(row, q, d, s16)`: a row of whole blocks against activations quantized in
+/// blocks of 32 (`q` int8 values, `d` their f32 scale per 32, `s16` the de-quantized sum
+/// `d * Σ q` per 16 values). Lengths as for `dot_row` (`q.len()` elements).
+pub type DotRowQ8 = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
 
 /// `quantize_row(src, dst)` of a type that has a quantizer.
 pub type QuantizeRow = fn(&[f32], &mut [u8]);
@@ -82,6 +90,195 @@ pub fn f16_to_f32(h: u16) -> f32 {
 #[inline(always)]
 pub fn f32_to_f16(x: f32) -> u16 {
     f16::from_f32(x).to_bits()
+}
+
+/// Whether the fused multiply-add is part of the baseline target: the portable variant of
+/// the generated kernels uses it there (aarch64), and plain multiply + add elsewhere (on
+/// x86-64's baseline, `mul_add` would be a call to the C library's `fmaf`).
+pub const PORTABLE_FMA: bool = cfg!(target_arch = "aarch64");
+
+/// `a * b + c`: fused (one rounding) when `FMA`, else two roundings. Only for accumulation
+/// in the dot products: de-quantized values never go through it (they must be bit-exact).
+#[doc(hidden)]
+#[inline(always)]
+pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Whether the generated kernels may use their AVX2 + FMA variant: the CPU has both, and
+/// `DS4_SIMD=portable` is not set (to measure or test the portable variant on a machine
+/// with AVX2). Detected once, then one relaxed load per call.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn avx2_fma() -> bool {
+    match SIMD_LEVEL.load(Ordering::Relaxed) {
+        0 => {
+            let yes = std::env::var_os("DS4_SIMD").is_none_or(|v| v != "portable") && cpu_has_avx2_fma();
+            SIMD_LEVEL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+        l => l == 2,
+    }
+}
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The kernel variant in use: 0 not yet detected, 1 portable, 2 AVX2 + FMA.
+static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0);
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has_avx2_fma() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// Switch between the kernel variants (tests and benchmarks: both variants in one
+/// process). `true` selects AVX2 + FMA only where the CPU has them; returns whether it is
+/// now selected. Both variants are correct, so a switch racing with other threads'
+/// kernels only changes which of two valid results they get.
+#[doc(hidden)]
+pub fn select_avx2_fma(on: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let yes = on && cpu_has_avx2_fma();
+        SIMD_LEVEL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+        yes
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (on, &SIMD_LEVEL, Ordering::Relaxed);
+        false
+    }
+}
+
+/// The variant of the generated kernels this process runs, for benchmark reports.
+pub fn simd_level() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        return "x86-64 AVX2+FMA";
+    }
+    if cfg!(target_arch = "x86_64") {
+        "x86-64 baseline (SSE2)"
+    } else if PORTABLE_FMA {
+        "portable (baseline target, with FMA)"
+    } else {
+        "portable (baseline target)"
+    }
+}
+
+/// `Σ e·x` per group of four bytes: lane `k` is `Σ_{i<4} e[4k+i]·x[4k+i]`. The integer
+/// core of the fast path, for element terms in `0..=127` (`dot32_u8`) or `-128..=127`
+/// (`dot32_i8`) and activations in `-127..=127`; the result is exact in both variants.
+///
+/// # Safety
+/// With `AVX2`, the CPU must support AVX2 (the generated code passes `true` only from its
+/// AVX2 variant, which it runs only after checking).
+#[doc(hidden)]
+#[inline(always)]
+pub unsafe fn dot32_u8<const AVX2: bool>(e: &[u8; 32], x: &[i8; 32]) -> [i32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if AVX2 {
+            // SAFETY: the caller guarantees AVX2.
+            return unsafe { x86::dot32_u8(e, x) };
+        }
+        x86::dot32_sse2::<false>(e.map(|v| v as i8), x)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dot32_scalar(e, x)
+}
+
+/// The portable integer dot product: LLVM vectorizes it where the target has widening
+/// byte multiplies (aarch64); x86-64's baseline has none, hence `x86::dot32_sse2`.
+#[allow(dead_code)]
+#[inline(always)]
+fn dot32_scalar<E: Copy + Into<i32>>(e: &[E; 32], x: &[i8; 32]) -> [i32; 8] {
+    let mut r = [0i32; 8];
+    for (k, r) in r.iter_mut().enumerate() {
+        for i in 4 * k..4 * k + 4 {
+            *r += e[i].into() * x[i] as i32;
+        }
+    }
+    r
+}
+
+/// As [`dot32_u8`], for signed element terms.
+///
+/// # Safety
+/// As [`dot32_u8`].
+#[doc(hidden)]
+#[inline(always)]
+pub unsafe fn dot32_i8<const AVX2: bool>(e: &[i8; 32], x: &[i8; 32]) -> [i32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if AVX2 {
+            // SAFETY: the caller guarantees AVX2.
+            return unsafe { x86::dot32_i8(e, x) };
+        }
+        x86::dot32_sse2::<true>(*e, x)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dot32_scalar(e, x)
+}
+
+/// The AVX2 forms of the integer dot products: `vpmaddubsw` multiplies unsigned by signed
+/// bytes and adds adjacent pairs into i16 (saturating, which the operand ranges rule out:
+/// 2·128·127 < 2^15), `vpmaddwd` by ones adds adjacent i16 pairs into i32 lanes.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::*;
+
+    /// The baseline (SSE2) form: bytes widened to i16 (`e` as unsigned or signed), then
+    /// `pmaddwd` gives the sums of adjacent pairs, and adding adjacent pair sums (gathered
+    /// by two shuffles) gives the sums of four.
+    #[inline(always)]
+    pub fn dot32_sse2<const SIGNED_E: bool>(e: [i8; 32], x: &[i8; 32]) -> [i32; 8] {
+        // SAFETY: SSE2 is part of the x86-64 baseline; the loads read 16 bytes from
+        // 32-byte arrays at offsets 0 and 16.
+        unsafe {
+            let zero = _mm_setzero_si128();
+            let mut quads = [zero; 2];
+            for (h, q) in quads.iter_mut().enumerate() {
+                let ev = _mm_loadu_si128(e.as_ptr().add(16 * h).cast());
+                let xv = _mm_loadu_si128(x.as_ptr().add(16 * h).cast());
+                // High bytes of the widened values: zero, or the sign (all ones if < 0).
+                let eh = if SIGNED_E { _mm_cmpgt_epi8(zero, ev) } else { zero };
+                let xh = _mm_cmpgt_epi8(zero, xv);
+                let lo = _mm_madd_epi16(_mm_unpacklo_epi8(ev, eh), _mm_unpacklo_epi8(xv, xh));
+                let hi = _mm_madd_epi16(_mm_unpackhi_epi8(ev, eh), _mm_unpackhi_epi8(xv, xh));
+                let (lo, hi) = (_mm_castsi128_ps(lo), _mm_castsi128_ps(hi));
+                let even = _mm_castps_si128(_mm_shuffle_ps::<0b10_00_10_00>(lo, hi));
+                let odd = _mm_castps_si128(_mm_shuffle_ps::<0b11_01_11_01>(lo, hi));
+                *q = _mm_add_epi32(even, odd);
+            }
+            core::mem::transmute::<[__m128i; 2], [i32; 8]>(quads)
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn dot32_u8(e: &[u8; 32], x: &[i8; 32]) -> [i32; 8] {
+        // SAFETY: 32-byte unaligned loads from 32-byte arrays.
+        let (ev, xv) = unsafe { (_mm256_loadu_si256(e.as_ptr().cast()), _mm256_loadu_si256(x.as_ptr().cast())) };
+        let pairs = _mm256_maddubs_epi16(ev, xv);
+        // SAFETY: __m256i and [i32; 8] have the same size, and every bit pattern is valid.
+        unsafe { core::mem::transmute(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))) }
+    }
+
+    /// Signed × signed through the unsigned form: |e| · (x with e's sign).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn dot32_i8(e: &[i8; 32], x: &[i8; 32]) -> [i32; 8] {
+        // SAFETY: 32-byte unaligned loads from 32-byte arrays.
+        let (ev, xv) = unsafe { (_mm256_loadu_si256(e.as_ptr().cast()), _mm256_loadu_si256(x.as_ptr().cast())) };
+        // |-128| is 128 as an unsigned byte: still exact.
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(ev, ev), _mm256_sign_epi8(xv, ev));
+        // SAFETY: as above.
+        unsafe { core::mem::transmute(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))) }
+    }
 }
 
 /// Sum of the accumulator lanes, pairwise in a fixed order (deterministic, and a little more

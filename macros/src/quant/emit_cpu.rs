@@ -22,13 +22,10 @@ use quote::{format_ident, quote};
 
 use super::check::{BinOp, Kind, Level, TExpr, UnOp};
 use super::ty::Ty;
+use super::emit_dot;
 use super::Decl;
 
-/// Accumulator lanes of the dot product: 16 f32 = four SSE or two AVX registers, enough
-/// independent additions to hide the add latency.
-const LANES: usize = 16;
-
-fn gcd(a: usize, b: usize) -> usize {
+pub(super) fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
         a
     } else {
@@ -53,7 +50,7 @@ fn int_literal(t: Ty, v: i128) -> TokenStream {
 
 /// Rust for a checked expression. Index variables are `__s` and `__j` (u32); the block is
 /// `__b: &[u8; BYTES]`; tables are the `__TAB_*` statics.
-fn expr(e: &TExpr, d: &Decl) -> TokenStream {
+pub(super) fn expr(e: &TExpr, d: &Decl) -> TokenStream {
     let rt = quote!(ds4_ir::quant::rt);
     match &e.kind {
         Kind::Int(v) => int_literal(e.ty, *v),
@@ -167,7 +164,7 @@ fn load(d: &Decl, name: &str, index: TokenStream) -> TokenStream {
     }
 }
 
-fn lets_at(d: &Decl, level: Level) -> TokenStream {
+pub(super) fn lets_at(d: &Decl, level: Level) -> TokenStream {
     let lets = d.lets.iter().filter(|l| l.value.level == level).map(|l| {
         let (id, ty, v) = (
             format_ident!("{}", l.name),
@@ -257,20 +254,15 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
     let rt = quote!(ds4_ir::quant::rt);
     let (n, bytes, sub) = (d.block, d.block_bytes, d.sub_block);
     let nsub = (n / sub) as u32;
-    // Lanes per group: divides the sub-block, at most LANES.
-    let w = gcd(sub, LANES);
+    // Lanes per group of the de-quantization walk: divides the sub-block, at most 16.
+    let w = gcd(sub, 16);
     let groups = (sub / w) as u32;
     let w32 = w as u32;
-    // Blocks per step of the row loop: several when blocks are smaller than the lanes.
-    let per_step = if n < LANES && LANES.is_multiple_of(n) {
-        LANES / n
-    } else {
-        1
-    };
 
     let block_lets = lets_at(d, Level::Block);
     let sub_lets = lets_at(d, Level::Sub);
     let elem_lets = lets_at(d, Level::Elem);
+    let (dot, dot_q8_ref) = emit_dot::dots(d, value);
     let value = expr(value, d);
 
     let tables = d.tables.iter().map(|t| {
@@ -319,7 +311,8 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
         #block_struct
 
         /// Walk the block's elements in groups of the lane width, computing each group from
-        /// the declared expression with block- and sub-block-level values hoisted.
+        /// the declared expression (in its declared operation order: bit-exact) with block-
+        /// and sub-block-level values hoisted.
         #[inline(always)]
         #[allow(unused_variables, clippy::all)]
         fn __for_each_group(__b: &[u8; #bytes], mut __f: impl FnMut(usize, &[f32; #w])) {
@@ -345,26 +338,6 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
             __for_each_group(b, |g, v| groups[g] = *v);
         }
 
-        /// `acc[l] += value * x` for every element, lane `l` = element index mod the width.
-        #[inline(always)]
-        fn __accumulate(b: &[u8; #bytes], x: &[f32; #n], acc: &mut [f32; #w]) {
-            let (xg, _) = x.as_chunks::<#w>();
-            __for_each_group(b, |g, v| {
-                let xw = &xg[g];
-                for l in 0..#w {
-                    acc[l] += v[l] * xw[l];
-                }
-            });
-        }
-
-        /// Dot product of one de-quantized block with `x`, f32 accumulation.
-        #[allow(dead_code)]
-        pub fn dot_block(b: &[u8; #bytes], x: &[f32; #n]) -> f32 {
-            let mut acc = [0f32; #w];
-            __accumulate(b, x, &mut acc);
-            #rt::sum_lanes(&acc)
-        }
-
         /// De-quantize whole blocks (`src.len() / BLOCK_BYTES` of them).
         pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
             let (bs, _) = src.as_chunks::<#bytes>();
@@ -374,22 +347,12 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
             }
         }
 
-        /// Dot product of a row of whole blocks with `x`, without an intermediate buffer.
-        pub fn dot_row(src: &[u8], x: &[f32]) -> f32 {
-            let (bs, _) = src.as_chunks::<#bytes>();
-            let (xs, _) = x.as_chunks::<#n>();
-            let mut acc = [[0f32; #w]; #per_step];
-            let mut bi = bs.chunks_exact(#per_step);
-            let mut xi = xs.chunks_exact(#per_step);
-            for (bg, xg) in (&mut bi).zip(&mut xi) {
-                for k in 0..#per_step {
-                    __accumulate(&bg[k], &xg[k], &mut acc[k]);
-                }
-            }
-            for (b, x) in bi.remainder().iter().zip(xi.remainder()) {
-                __accumulate(b, x, &mut acc[0]);
-            }
-            #rt::sum_lanes(acc.as_flattened())
+        #dot
+
+        /// Dot product of one de-quantized block with `x`, f32 accumulation.
+        #[allow(dead_code)]
+        pub fn dot_block(b: &[u8; #bytes], x: &[f32; #n]) -> f32 {
+            dot_row(b, x)
         }
 
         #quantize_row
@@ -400,6 +363,7 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
             dequantize_row,
             dot_row,
             quantize_row: #quantize_ref,
+            dot_row_q8: #dot_q8_ref,
         };
     }
 }

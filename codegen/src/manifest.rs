@@ -1,0 +1,223 @@
+//! What a graph needs generated, and the manifest that describes it: `ds4 gen` writes
+//! the sources and `manifest.json`; the GPU runtimes compile the same set.
+//!
+//! The set is decided from the graph alone: every op kernel of `ds4_ir::kernels::all()`
+//! that some node runs, and, per weight type that a matmul, the experts or the embedding
+//! reads, the quant kernels of that type. Small weight vectors (norm weights, biases,
+//! sinks) are de-quantized once at load and need no kernel. Output is deterministic:
+//! kernels in `kernels::all()` order, then quant types in `GgmlType` order.
+
+use crate::quant::{self, QParam, QuantKernelKind};
+use crate::{render, Target};
+use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
+use ds4_ir::{DType, GgmlType, Graph, Op};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+/// Kernels a graph needs: op kernels by name (with the ops that run them) and quant
+/// kernels by (kind, type) (with the ops that run them).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelSet {
+    pub ops: BTreeMap<String, BTreeSet<&'static str>>,
+    pub quant: BTreeMap<(QuantKernelKind, GgmlType), BTreeSet<&'static str>>,
+}
+
+/// The op kernel (by `kernels::all()` name) that runs `op`, if any.
+pub fn op_kernel(op: &Op) -> Option<&'static str> {
+    Some(match op {
+        Op::RmsNorm { .. } => "rms_norm",
+        Op::RmsNormPlain { .. } => "rms_norm_plain",
+        Op::Add => "add",
+        Op::HcBroadcast { .. } => "hc_broadcast",
+        Op::HcMix { .. } => "hc_mix",
+        Op::HcHeadMix { .. } => "hc_head_mix",
+        Op::HcCollapse { .. } => "hc_collapse",
+        Op::HcExpand { .. } => "hc_expand",
+        Op::Rope { .. } => "rope",
+        Op::Fp8RoundTrip { .. } => "fp8_roundtrip",
+        Op::HadamardFp4 { .. } => "hadamard_fp4",
+        Op::RouterScores => "router_scores",
+        Op::RouterBiased => "router_biased",
+        Op::RouterHash { .. } => "router_hash",
+        Op::TopK { .. } => "top_k",
+        Op::RouterWeights { .. } => "router_weights",
+        // The experts' clamped SwiGLU runs between their two mat-vecs.
+        Op::SwiGlu { .. } | Op::MoeExperts { .. } => "swiglu",
+        Op::CompressPool { .. } => "compress_pool",
+        Op::IndexerScores { .. } => "indexer_scores",
+        Op::Attention { .. } => "attention",
+        Op::Input { .. } | Op::Weight { .. } | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
+            return None
+        }
+    })
+}
+
+impl KernelSet {
+    /// Every kernel `graph` runs.
+    pub fn for_graph(graph: &Graph) -> KernelSet {
+        let mut set = KernelSet::default();
+        for id in graph.order() {
+            let node = graph.node(id);
+            if let Some(k) = op_kernel(&node.op) {
+                set.ops.entry(k.to_string()).or_default().insert(node.op.name());
+            }
+            let weight_inputs: &[usize] = match node.op {
+                Op::Embed => &[1],
+                Op::MatMul | Op::GroupedMatMul { .. } => &[1],
+                Op::MoeExperts { .. } => &[3, 4, 5],
+                _ => &[],
+            };
+            let kind = if node.op == Op::Embed { QuantKernelKind::DequantRows } else { QuantKernelKind::MatVec };
+            let ins = graph.inputs(id);
+            for &i in weight_inputs {
+                if let DType::Weight(t) = graph.node(ins[i]).ty.dtype {
+                    set.quant.entry((kind, t)).or_default().insert(node.op.name());
+                }
+            }
+        }
+        set
+    }
+
+    /// Every op kernel and every quant kernel of every registered type (for tests and
+    /// `ds4 gen` without a model's graph).
+    pub fn everything() -> KernelSet {
+        let mut set = KernelSet::default();
+        for k in ds4_ir::kernels::all() {
+            set.ops.insert(k.name.clone(), BTreeSet::new());
+        }
+        for &t in ds4_ir::quant::supported() {
+            for kind in QuantKernelKind::ALL {
+                set.quant.insert((kind, t), BTreeSet::new());
+            }
+        }
+        set
+    }
+}
+
+/// One generated source file.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub file: String,
+    pub source: String,
+}
+
+/// The sources of `set` for `target`, and `manifest.json`'s text.
+pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, String), quant::QuantGenError> {
+    let mut files = Vec::new();
+    let mut entries = Vec::new();
+    let ext = target.extension();
+    for k in ds4_ir::kernels::all() {
+        let Some(ops) = set.ops.get(&k.name) else { continue };
+        let file = format!("{}.{ext}", k.name);
+        files.push(SourceFile { file: file.clone(), source: render(&k, target) });
+        entries.push(op_entry(&k, ops, &file, target));
+    }
+    for ((kind, t), ops) in &set.quant {
+        let spec = ds4_ir::quant::spec(*t).ok_or_else(|| quant::QuantGenError(format!("{t}: no quant declaration")))?;
+        if target == Target::Cpu {
+            // The CPU's quant code is generated by `quant_type!` at compile time; the
+            // declaration it is generated from is what `gen` can show.
+            let file = format!("{}.spec.txt", quant::type_slug(*t));
+            if !files.iter().any(|f: &SourceFile| f.file == file) {
+                files.push(SourceFile { file: file.clone(), source: spec.to_string() });
+            }
+            entries.push(format!(
+                "    {{\"name\": \"{}\", \"kind\": \"quant\", \"file\": \"{file}\", \"ops\": {}, \"quant_type\": \"{t}\", \"launch\": \"compiled into the binary by quant_type!\"}}",
+                quant::kernel_name(*kind, *t),
+                json_list(ops.iter().copied())
+            ));
+            continue;
+        }
+        let qk = quant::quant_kernel(spec, *kind, target)?;
+        let file = format!("{}.{ext}", qk.name);
+        entries.push(quant_entry(&qk, ops, &file, target));
+        files.push(SourceFile { file, source: qk.source });
+    }
+    let manifest = format!("{{\n  \"target\": \"{target}\",\n  \"kernels\": [\n{}\n  ]\n}}\n", entries.join(",\n"));
+    Ok((files, manifest))
+}
+
+fn json_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let v: Vec<String> = items.map(|s| format!("\"{s}\"")).collect();
+    format!("[{}]", v.join(", "))
+}
+
+fn ty_name(t: Ty) -> &'static str {
+    match t {
+        Ty::Usize => "usize",
+        Ty::I32 => "i32",
+        Ty::F => "f32",
+        Ty::Bool => "bool",
+    }
+}
+
+/// How an op kernel is launched on `target` (one work item per output row).
+fn op_launch(target: Target) -> String {
+    match target {
+        Target::Cpu => "{\"items\": \"rayon over output rows\"}".into(),
+        // The CUDA dialect computes an item on thread 0 of its block.
+        Target::CudaSm90 | Target::CudaSm120 => "{\"grid\": \"[items, 1, 1]\", \"block\": [1, 1, 1]}".into(),
+        Target::Wgsl => format!("{{\"workgroups\": \"[ceil(items / {0}), 1, 1]\", \"workgroup_size\": [{0}, 1, 1]}}", crate::wgsl::WORKGROUP_SIZE),
+        Target::Metal => "{\"threads\": \"[items, 1, 1]\"}".into(),
+    }
+}
+
+fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
+    let mut params = Vec::new();
+    let mut dtypes = BTreeSet::new();
+    for p in &k.params {
+        let t = match p.kind {
+            ParamKind::Buffer { elem, mutable } => {
+                let e = if elem == Elem::F { "f32" } else { "i32" };
+                dtypes.insert(e);
+                format!("{}{e}[]", if mutable { "mut " } else { "" })
+            }
+            ParamKind::Scalar { ty } => ty_name(ty).to_string(),
+        };
+        params.push(format!("{}: {t}", p.name));
+    }
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "    {{\"name\": \"{}\", \"kind\": \"op\", \"file\": \"{file}\", \"ops\": {}, \"dtypes\": {}, \"params\": {}, \"launch\": {}, \"shared_mem_bytes\": 0}}",
+        k.name,
+        json_list(ops.iter().copied()),
+        json_list(dtypes.into_iter()),
+        json_list(params.iter().map(|s| s.as_str())),
+        op_launch(target)
+    );
+    s
+}
+
+fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| match p {
+            QParam::Buffer { name, elem, mutable } => {
+                let e = match elem {
+                    quant::BufElem::Bytes => "u8",
+                    quant::BufElem::F32 => "f32",
+                    quant::BufElem::I32 => "i32",
+                };
+                format!("{name}: {}{e}[]", if *mutable { "mut " } else { "" })
+            }
+            QParam::Scalar { name } => format!("{name}: usize"),
+        })
+        .collect();
+    let block = match target {
+        Target::Wgsl => "workgroup_size",
+        Target::Metal => "threads_per_threadgroup",
+        _ => "block",
+    };
+    format!(
+        "    {{\"name\": \"{}\", \"kind\": \"quant\", \"file\": \"{file}\", \"ops\": {}, \"quant_type\": \"{}\", \"params\": {}, \"launch\": {{\"grid\": \"{}\", \"{block}\": [{}, 1, 1]}}, \"shared_mem_bytes\": {}}}",
+        k.name,
+        json_list(ops.iter().copied()),
+        k.ggml,
+        json_list(params.iter().map(|s| s.as_str())),
+        k.kind.grid(),
+        k.threads,
+        k.shared_bytes
+    )
+}

@@ -1,0 +1,597 @@
+//! Quant kernels from a [`QuantSpec`]: the GPU side of "a quant type is declared once".
+//!
+//! A spec says what element `s * sub_block + j` of a block is, as an expression tree over
+//! the block's fields (see `ds4_ir::quant::expr`). This module lowers that tree, node by
+//! node, into one C-style function `ds4_dq(block byte offset, s, j) -> f32`, and wraps it in
+//! two kernels per type:
+//! - `dequant_rows_<type>`: item = one output row; row `ids[item]` of a weight matrix,
+//!   de-quantized (the embedding lookup);
+//! - `matvec_<type>`: a gathered mat-vec. Block (r, t) computes
+//!   `out[t·n + r] = Σ_{jp < picks} sc · W[e·n + r] · x[((p / x_div)·groups + r / ng)·k ..]`
+//!   with `p = t·picks + jp`, `e = sel[p]` (or 0) and `sc = wts[p]` (or 1). One kernel covers
+//!   the plain matmul, the grouped matmul and both halves of the routed experts.
+//!
+//! Every value of the expression language lives in a 32-bit *word* (u32 for unsigned
+//! types and f16 bits, i32 for signed ones; u64 where a target has it), and narrow results
+//! are wrapped explicitly after each node, so that integer semantics (two's complement at
+//! the node's width, masked shift amounts) are the same on every target without relying
+//! on C's promotions. Float arithmetic is plain IEEE f32; a target must not contract it
+//! into FMA (CUDA: compile with `--fmad=false`), which keeps de-quantization bit-identical
+//! to the CPU code generated from the same spec.
+//!
+//! What differs per target is syntax only: [`QuantSyntax`], implemented in `quant/cuda.rs`,
+//! `quant/wgsl.rs` and `quant/metal.rs`.
+
+mod cuda;
+mod metal;
+mod wgsl;
+
+use crate::render::f32_digits;
+use crate::Target;
+use ds4_ir::quant::{BinOp, Expr, QuantSpec, TableData, Ty, UnOp};
+use ds4_ir::GgmlType;
+use std::fmt::{self, Write};
+
+/// Threads per block (workgroup) of every quant kernel.
+pub const THREADS: u32 = 128;
+
+/// How a value is held in generated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word {
+    U32,
+    I32,
+    U64,
+    F32,
+    Bool,
+    /// A byte offset or an element index: 64 bits where the target has them.
+    Idx,
+}
+
+/// Element type of a kernel buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufElem {
+    /// Raw GGUF bytes of a weight.
+    Bytes,
+    F32,
+    I32,
+}
+
+/// One parameter of a quant kernel, in launch order: buffers first (the output is the
+/// first), then scalars (all [`Word::Idx`]: `u64` on CUDA, `u32` in WGSL/Metal params).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QParam {
+    Buffer { name: &'static str, elem: BufElem, mutable: bool },
+    Scalar { name: &'static str },
+}
+
+impl QParam {
+    pub fn name(&self) -> &'static str {
+        match self {
+            QParam::Buffer { name, .. } | QParam::Scalar { name } => name,
+        }
+    }
+}
+
+/// The two kernels made for each quant type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuantKernelKind {
+    DequantRows,
+    MatVec,
+}
+
+impl QuantKernelKind {
+    pub const ALL: [QuantKernelKind; 2] = [QuantKernelKind::DequantRows, QuantKernelKind::MatVec];
+
+    pub fn prefix(self) -> &'static str {
+        match self {
+            QuantKernelKind::DequantRows => "dequant_rows",
+            QuantKernelKind::MatVec => "matvec",
+        }
+    }
+
+    /// Parameters in launch order.
+    pub fn params(self) -> Vec<QParam> {
+        use BufElem::*;
+        let b = |name, elem, mutable| QParam::Buffer { name, elem, mutable };
+        let s = |name| QParam::Scalar { name };
+        match self {
+            QuantKernelKind::DequantRows => vec![b("out", F32, true), b("w", Bytes, false), b("ids", I32, false), s("k"), s("row_bytes")],
+            QuantKernelKind::MatVec => vec![
+                b("out", F32, true),
+                b("w", Bytes, false),
+                b("x", F32, false),
+                b("sel", I32, false),
+                b("wts", F32, false),
+                s("n"),
+                s("k"),
+                s("row_bytes"),
+                s("picks"),
+                s("x_div"),
+                s("groups"),
+                s("ng"),
+                s("has_sel"),
+                s("has_wts"),
+            ],
+        }
+    }
+
+    /// The launch grid, in words (for the manifest).
+    pub fn grid(self) -> &'static str {
+        match self {
+            QuantKernelKind::DequantRows => "[rows, 1, 1]",
+            QuantKernelKind::MatVec => "[n, m, 1]",
+        }
+    }
+
+    /// Shared (workgroup) memory the kernel declares.
+    pub fn shared_bytes(self) -> u32 {
+        match self {
+            QuantKernelKind::DequantRows => 0,
+            QuantKernelKind::MatVec => THREADS * 4,
+        }
+    }
+}
+
+/// A generated quant kernel.
+#[derive(Clone, Debug)]
+pub struct QuantKernel {
+    /// Entry point name, e.g. `matvec_q4_k`.
+    pub name: String,
+    pub kind: QuantKernelKind,
+    pub ggml: GgmlType,
+    pub params: Vec<QParam>,
+    pub threads: u32,
+    pub shared_bytes: u32,
+    pub source: String,
+}
+
+/// Why a spec could not be lowered for a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuantGenError(pub String);
+
+impl fmt::Display for QuantGenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for QuantGenError {}
+
+/// The type's name in kernel and file names: `Q4_K` → `q4_k`.
+pub fn type_slug(t: GgmlType) -> String {
+    t.to_string().to_lowercase()
+}
+
+/// Entry point name of one quant kernel.
+pub fn kernel_name(kind: QuantKernelKind, t: GgmlType) -> String {
+    format!("{}_{}", kind.prefix(), type_slug(t))
+}
+
+/// What a target spells its own way. Every method returns text; the core decides what
+/// is computed.
+pub trait QuantSyntax {
+    fn target(&self) -> &'static str;
+    /// The type name of a word.
+    fn word(&self, w: Word) -> &'static str;
+    /// An integer literal of a word type.
+    fn int_lit(&self, w: Word, v: i128) -> String;
+    /// An f32 literal (finite).
+    fn f32_lit(&self, v: f32) -> String {
+        format!("{}f", f32_digits(v as f64))
+    }
+    /// A value conversion.
+    fn cast(&self, to: Word, e: &str) -> String;
+    /// u32 bits → f32.
+    fn bits_to_f32(&self, e: &str) -> String;
+    /// f32 → u32 bits.
+    fn f32_to_bits(&self, e: &str) -> String;
+    /// `c ? a : b` (both evaluated; neither has side effects).
+    fn select(&self, c: &str, a: &str, b: &str) -> String;
+    /// Byte `addr` (an Idx) of the weight buffer, as a u32.
+    fn byte(&self, addr: &str) -> String;
+    /// A local declaration statement.
+    fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String;
+    /// `for` header up to the brace: `var` from `start` while `< end`, adding `step`.
+    fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String;
+    /// A module-scope constant table.
+    fn table(&self, name: &str, w: Word, values: &[String]) -> String;
+    /// Everything before the tables and functions.
+    fn prelude(&self, kernel: &str, spec: &QuantSpec) -> String;
+    /// A device function's signature up to the brace; `with_weights` adds the weight
+    /// buffer as the first parameter where the target passes buffers to functions.
+    fn function(&self, name: &str, params: &[(&str, Word)], ret: Word, with_weights: bool) -> String;
+    /// The call of such a function.
+    fn call(&self, name: &str, args: &[String], with_weights: bool) -> String;
+    /// Module-scope declarations a kernel needs (bindings, parameter structs).
+    fn kernel_globals(&self, params: &[QParam], shared: u32) -> String;
+    /// The kernel's signature, brace and prologue: defines `ds4_tid`, `ds4_bx`, `ds4_by`
+    /// (Idx) and every scalar param under its name (Idx).
+    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32) -> String;
+    /// A workgroup barrier statement.
+    fn barrier(&self) -> String;
+    /// The name under which the kernel body reads buffer param `name`.
+    fn buffer(&self, name: &str) -> String {
+        format!("ds4_{name}")
+    }
+    /// Name of the shared reduction array.
+    fn shared_array(&self) -> &'static str {
+        "ds4_red"
+    }
+    /// Whether the target has 64-bit integers.
+    fn has_u64(&self) -> bool {
+        true
+    }
+}
+
+/// The syntax of `target`'s quant kernels (None for the CPU, whose quant code the
+/// `quant_type!` macro generates at compile time).
+pub fn syntax(target: Target) -> Option<Box<dyn QuantSyntax>> {
+    match target {
+        Target::Cpu => None,
+        Target::CudaSm90 => Some(Box::new(cuda::CudaQuant { sm: 90 })),
+        Target::CudaSm120 => Some(Box::new(cuda::CudaQuant { sm: 120 })),
+        Target::Wgsl => Some(Box::new(wgsl::WgslQuant)),
+        Target::Metal => Some(Box::new(metal::MetalQuant)),
+    }
+}
+
+/// Lowers `spec` into kernel `kind` for `target`.
+pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> Result<QuantKernel, QuantGenError> {
+    let syn = syntax(target).ok_or_else(|| QuantGenError(format!("{target}: quant code is generated by the quant_type! macro at compile time")))?;
+    if !syn.has_u64() && uses_u64(spec) {
+        return Err(QuantGenError(format!("{}: {target} has no 64-bit integers, which this type's de-quantization uses", spec.ggml)));
+    }
+    let name = kernel_name(kind, spec.ggml);
+    let params = kind.params();
+    let shared = kind.shared_bytes();
+    let mut src = syn.prelude(&name, spec);
+    let lower = Lower { syn: syn.as_ref(), spec };
+    src.push_str(&lower.helpers()?);
+    src.push_str(&lower.dequant_fn()?);
+    src.push_str(&syn.kernel_globals(&params, shared));
+    src.push_str(&syn.kernel_open(&name, &params, shared));
+    src.push_str(&lower.kernel_body(kind));
+    src.push_str("}\n");
+    Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: shared, source: src })
+}
+
+/// Whether any field, table or node of `spec` is a u64.
+fn uses_u64(spec: &QuantSpec) -> bool {
+    fn walk(e: &Expr) -> bool {
+        e.ty() == Ty::U64
+            || match *e {
+                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => walk(a),
+                Expr::Binary(_, _, a, b) => walk(a) || walk(b),
+                Expr::Select(_, c, a, b) => walk(c) || walk(a) || walk(b),
+                _ => false,
+            }
+    }
+    spec.fields.iter().any(|f| f.ty == Ty::U64)
+        || spec.tables.iter().any(|t| t.ty == Ty::U64)
+        || spec.lets.iter().any(|l| walk(l.value))
+        || walk(spec.value)
+}
+
+/// The container word of an expression type.
+fn word_of(t: Ty) -> Word {
+    match t {
+        Ty::Bool => Word::Bool,
+        Ty::U8 | Ty::U16 | Ty::U32 | Ty::F16 => Word::U32,
+        Ty::I8 | Ty::I16 | Ty::I32 => Word::I32,
+        Ty::U64 => Word::U64,
+        Ty::F32 => Word::F32,
+    }
+}
+
+struct Lower<'a> {
+    syn: &'a dyn QuantSyntax,
+    spec: &'a QuantSpec,
+}
+
+impl Lower<'_> {
+    fn u32(&self, v: u64) -> String {
+        self.syn.int_lit(Word::U32, v as i128)
+    }
+    fn idx(&self, v: u64) -> String {
+        self.syn.int_lit(Word::Idx, v as i128)
+    }
+
+    /// `e` (held in `t`'s word) wrapped to `t`'s width: masks for narrow unsigned types,
+    /// sign extension for narrow signed ones.
+    fn wrap(&self, t: Ty, e: String) -> String {
+        let s = self.syn;
+        match t {
+            Ty::U8 => format!("({e} & {})", self.u32(0xFF)),
+            Ty::U16 => format!("({e} & {})", self.u32(0xFFFF)),
+            Ty::I8 | Ty::I16 => {
+                let (mask, half) = if t == Ty::I8 { (0xFF, 0x80) } else { (0xFFFF, 0x8000) };
+                let low = format!("({} & {})", s.cast(Word::U32, &e), self.u32(mask));
+                let h = s.int_lit(Word::I32, half);
+                format!("(({} ^ {h}) - {h})", s.cast(Word::I32, &low))
+            }
+            _ => e,
+        }
+    }
+
+    /// An integer constant of type `t` (already the type's mathematical value).
+    fn int_const(&self, t: Ty, bits: u64) -> String {
+        self.syn.int_lit(word_of(t), Expr::int_value(t, bits))
+    }
+
+    fn f32_const(&self, v: f32) -> String {
+        if v.is_finite() {
+            self.syn.f32_lit(v)
+        } else {
+            self.syn.bits_to_f32(&self.u32(v.to_bits() as u64))
+        }
+    }
+
+    /// Little-endian load of element `index` (an expression of any integer word) of
+    /// a field at `offset` with element type `t`.
+    fn field_load(&self, offset: usize, t: Ty, index: Option<String>) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        let n = t.bytes();
+        let base = match index {
+            None => format!("(ds4_blk + {})", self.idx(offset as u64)),
+            Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(Word::Idx, &i), self.idx(n as u64)),
+        };
+        let byte = |k: usize| if k == 0 { s.byte(&base) } else { s.byte(&format!("{base} + {}", self.idx(k as u64))) };
+        let assemble = |from: usize, count: usize| -> String {
+            let parts: Vec<String> =
+                (0..count).map(|k| if k == 0 { byte(from) } else { format!("({} << {})", byte(from + k), self.u32(8 * k as u64)) }).collect();
+            if count == 1 {
+                parts[0].clone()
+            } else {
+                format!("({})", parts.join(" | "))
+            }
+        };
+        Ok(match t {
+            Ty::Bool => return Err(QuantGenError("a bool field".into())),
+            Ty::U8 | Ty::U16 | Ty::U32 | Ty::F16 => assemble(0, n),
+            Ty::I8 | Ty::I16 => self.wrap(t, s.cast(Word::I32, &assemble(0, n))),
+            Ty::I32 => s.cast(Word::I32, &assemble(0, 4)),
+            Ty::F32 => s.bits_to_f32(&assemble(0, 4)),
+            Ty::U64 => format!(
+                "({} | ({} << {}))",
+                s.cast(Word::U64, &assemble(0, 4)),
+                s.cast(Word::U64, &assemble(4, 4)),
+                self.u32(32)
+            ),
+        })
+    }
+
+    fn expr(&self, e: &Expr) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        Ok(match *e {
+            Expr::Int(t, bits) => self.int_const(t, bits),
+            Expr::F32(v) => self.f32_const(v),
+            Expr::Sub => "s".to_string(),
+            Expr::Lane => "j".to_string(),
+            Expr::Var(name, _) => format!("v_{name}"),
+            Expr::Field(name, t) => {
+                let f = self.spec.field(name).ok_or_else(|| QuantGenError(format!("no field {name}")))?;
+                self.field_load(f.offset, t, None)?
+            }
+            Expr::Load(name, t, i) => {
+                let f = self.spec.field(name).ok_or_else(|| QuantGenError(format!("no field {name}")))?;
+                self.field_load(f.offset, t, Some(self.expr(i)?))?
+            }
+            Expr::Table(name, _, i) => format!("T_{name}[{}]", s.cast(Word::U32, &self.expr(i)?)),
+            Expr::Unary(op, t, a) => {
+                let a = self.expr(a)?;
+                match (op, t) {
+                    (UnOp::Neg, Ty::F32) => format!("(-{a})"),
+                    (UnOp::Neg, t) if word_of(t) == Word::I32 => {
+                        self.wrap(t, s.cast(Word::I32, &format!("({} - {})", self.u32(0), s.cast(Word::U32, &a))))
+                    }
+                    (UnOp::Neg, t) => self.wrap(t, format!("({} - {a})", s.int_lit(word_of(t), 0))),
+                    (UnOp::Not, Ty::Bool) => format!("(!{a})"),
+                    (UnOp::Not, t) => self.wrap(t, format!("(~{a})")),
+                }
+            }
+            Expr::Binary(op, t, a, b) => self.binary(op, t, a, b)?,
+            Expr::Cast(t, a) => self.cast(t, a)?,
+            Expr::Bitcast(t, a) => {
+                let v = self.expr(a)?;
+                match (a.ty(), t) {
+                    (Ty::U32, Ty::F32) => s.bits_to_f32(&v),
+                    (Ty::F32, Ty::U32) => s.f32_to_bits(&v),
+                    // f16 is held as its bits already.
+                    (Ty::U16, Ty::F16) | (Ty::F16, Ty::U16) => v,
+                    (from, to) => return Err(QuantGenError(format!("bitcast {from} -> {to}"))),
+                }
+            }
+            Expr::Select(_, c, a, b) => s.select(&self.expr(c)?, &self.expr(a)?, &self.expr(b)?),
+        })
+    }
+
+    fn binary(&self, op: BinOp, t: Ty, a: &Expr, b: &Expr) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        let lt = a.ty();
+        let (x, y) = (self.expr(a)?, self.expr(b)?);
+        let sym = op.symbol();
+        if op.is_comparison() || matches!(op, BinOp::And | BinOp::Or) || t == Ty::F32 {
+            return Ok(format!("({x} {sym} {y})"));
+        }
+        let signed = word_of(t) == Word::I32;
+        Ok(match op {
+            // Signed wrap-around is done in u32 (C leaves signed overflow undefined).
+            BinOp::Add | BinOp::Sub | BinOp::Mul if signed => {
+                self.wrap(t, s.cast(Word::I32, &format!("({} {sym} {})", s.cast(Word::U32, &x), s.cast(Word::U32, &y))))
+            }
+            BinOp::Shl | BinOp::Shr => {
+                let amount = format!("({} & {})", s.cast(Word::U32, &y), self.u32(lt.bits() as u64 - 1));
+                if op == BinOp::Shl && signed {
+                    self.wrap(t, s.cast(Word::I32, &format!("({} << {amount})", s.cast(Word::U32, &x))))
+                } else {
+                    self.wrap(t, format!("({x} {sym} {amount})"))
+                }
+            }
+            _ => self.wrap(t, format!("({x} {sym} {y})")),
+        })
+    }
+
+    fn cast(&self, t: Ty, a: &Expr) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        let from = a.ty();
+        let v = self.expr(a)?;
+        Ok(match (from, t) {
+            (f, t) if f == t => v,
+            (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], false),
+            (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
+            (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
+            (f, Ty::F32) if f.is_int() => s.cast(Word::F32, &v),
+            (f, t) if f.is_int() && t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
+            (f, t) => return Err(QuantGenError(format!("{}: cast {f} -> {t} has no GPU lowering", self.spec.ggml))),
+        })
+    }
+
+    /// The f16 → f32 conversion (exact; subnormals, infinities and NaNs included) and the
+    /// spec's constant tables.
+    fn helpers(&self) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        let mut out = String::new();
+        for t in self.spec.tables {
+            let w = word_of(t.ty);
+            let values: Vec<String> = match t.data {
+                TableData::F32(v) => v.iter().map(|&x| self.f32_const(x)).collect(),
+                _ => (0..t.len()).map(|i| self.int_const(t.ty, t.bits(i))).collect(),
+            };
+            out.push_str(&s.table(&format!("T_{}", t.name), w, &values));
+        }
+        let u = |v| self.u32(v);
+        let _ = writeln!(out, "{} {{", s.function("ds4_f16_to_f32", &[("h", Word::U32)], Word::F32, false));
+        let lines = [
+            s.decl("sign", Word::U32, false, &format!("((h & {}) << {})", u(0x8000), u(16))),
+            s.decl("e", Word::U32, false, &format!("((h >> {}) & {})", u(10), u(0x1F))),
+            s.decl("m", Word::U32, false, &format!("(h & {})", u(0x3FF))),
+            s.decl("normal", Word::U32, false, &format!("(sign | ((e + {}) << {}) | (m << {}))", u(112), u(23), u(13))),
+            s.decl("special", Word::U32, false, &format!("(sign | {} | (m << {}))", u(0x7F80_0000), u(13))),
+            // Subnormal halves: m · 2^-24, exact in f32.
+            s.decl("sub", Word::F32, false, &s.bits_to_f32(&format!("(sign | {})", s.f32_to_bits(&format!("({} * {})", s.cast(Word::F32, "m"), self.f32_const(2f32.powi(-24))))))),
+        ];
+        for l in lines {
+            let _ = writeln!(out, "    {l}");
+        }
+        let normal_or_special = s.bits_to_f32(&s.select(&format!("(e == {})", u(31)), "special", "normal"));
+        let _ = writeln!(out, "    return {};\n}}\n", s.select(&format!("(e == {})", u(0)), "sub", &normal_or_special));
+        Ok(out)
+    }
+
+    /// `ds4_dq(ds4_blk, s, j)`: element `s·sub_block + j` of the block at byte `ds4_blk`.
+    fn dequant_fn(&self) -> Result<String, QuantGenError> {
+        let s = self.syn;
+        let mut out = format!("// {} de-quantization, lowered from its declaration:\n", self.spec.ggml);
+        for line in self.spec.to_string().lines() {
+            let _ = writeln!(out, "//   {line}");
+        }
+        let params = [("ds4_blk", Word::Idx), ("s", Word::U32), ("j", Word::U32)];
+        let _ = writeln!(out, "{} {{", s.function("ds4_dq", &params, Word::F32, true));
+        for l in self.spec.lets {
+            let _ = writeln!(out, "    {}", s.decl(&format!("v_{}", l.name), word_of(l.ty), false, &self.expr(l.value)?));
+        }
+        let _ = writeln!(out, "    return {};\n}}\n", self.expr(self.spec.value)?);
+        Ok(out)
+    }
+
+    /// The call `ds4_dq(<block of element e of row `row`>)` as text.
+    fn dq_call(&self, row_base: &str, e: &str) -> String {
+        let s = self.syn;
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let blk = format!("{row_base} + ({e} / {be}) * {bb}");
+        let within = format!("({e} % {be})");
+        let sub = s.cast(Word::U32, &format!("({within} / {sb})"));
+        let lane = s.cast(Word::U32, &format!("({within} % {sb})"));
+        s.call("ds4_dq", &[blk, sub, lane], true)
+    }
+
+    fn kernel_body(&self, kind: QuantKernelKind) -> String {
+        let s = self.syn;
+        let b = |n: &str| s.buffer(n);
+        let threads = self.idx(THREADS as u64);
+        let mut o = String::new();
+        let mut line = |depth: usize, text: String| {
+            let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
+        };
+        match kind {
+            QuantKernelKind::DequantRows => {
+                line(1, s.decl("row", Word::Idx, false, &s.cast(Word::Idx, &format!("{}[ds4_bx]", b("ids")))));
+                line(1, s.decl("row_base", Word::Idx, false, "row * row_bytes"));
+                line(1, format!("{} {{", s.for_header("e", "ds4_tid", "k", &threads)));
+                line(2, format!("{}[ds4_bx * k + e] = {};", b("out"), self.dq_call("row_base", "e")));
+                line(1, "}".into());
+            }
+            QuantKernelKind::MatVec => {
+                let red = s.shared_array();
+                line(1, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
+                line(1, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
+                line(2, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
+                line(2, s.decl("ex", Word::Idx, true, &self.idx(0)));
+                line(2, format!("if (has_sel != {}) {{", self.idx(0)));
+                line(3, format!("ex = {};", s.cast(Word::Idx, &format!("{}[p]", b("sel")))));
+                line(2, "}".into());
+                line(2, s.decl("sc", Word::F32, true, &self.f32_const(1.0)));
+                line(2, format!("if (has_wts != {}) {{", self.idx(0)));
+                line(3, format!("sc = {}[p];", b("wts")));
+                line(2, "}".into());
+                line(2, s.decl("row_base", Word::Idx, false, "(ex * n + ds4_bx) * row_bytes"));
+                line(2, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + ds4_bx / ng) * k"));
+                line(2, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
+                line(2, format!("{} {{", s.for_header("c", "ds4_tid", "k", &threads)));
+                line(3, format!("part = part + {} * {}[xo + c];", self.dq_call("row_base", "c"), b("x")));
+                line(2, "}".into());
+                line(2, "acc = acc + sc * part;".into());
+                line(1, "}".into());
+                line(1, format!("{red}[ds4_tid] = acc;"));
+                line(1, s.barrier());
+                // A tree reduction, unrolled: every thread reaches every barrier.
+                let mut stride = THREADS / 2;
+                while stride > 0 {
+                    let st = self.idx(stride as u64);
+                    line(1, format!("if (ds4_tid < {st}) {{"));
+                    line(2, format!("{red}[ds4_tid] = {red}[ds4_tid] + {red}[ds4_tid + {st}];"));
+                    line(1, "}".into());
+                    line(1, s.barrier());
+                    stride /= 2;
+                }
+                line(1, format!("if (ds4_tid == {}) {{", self.idx(0)));
+                line(2, format!("{}[ds4_by * n + ds4_bx] = {red}[0];", b("out")));
+                line(1, "}".into());
+            }
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registered_type_lowers_for_every_gpu_target() {
+        for &t in ds4_ir::quant::supported() {
+            let spec = ds4_ir::quant::spec(t).unwrap();
+            for target in [Target::CudaSm90, Target::CudaSm120, Target::Metal] {
+                for kind in QuantKernelKind::ALL {
+                    let k = quant_kernel(spec, kind, target).unwrap_or_else(|e| panic!("{t} {target}: {e}"));
+                    assert!(k.source.contains(&k.name));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wgsl_quant_kernels_validate_with_naga() {
+        for &t in ds4_ir::quant::supported() {
+            let spec = ds4_ir::quant::spec(t).unwrap();
+            for kind in QuantKernelKind::ALL {
+                match quant_kernel(spec, kind, Target::Wgsl) {
+                    Ok(k) => {
+                        crate::validate_wgsl(&k.source).unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, k.source));
+                    }
+                    // Only 64-bit types may be refused (WGSL has none).
+                    Err(e) => assert!(e.0.contains("64-bit"), "{t}: {e}"),
+                }
+            }
+        }
+    }
+}

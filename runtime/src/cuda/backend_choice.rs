@@ -1,0 +1,89 @@
+//! `--backend cpu|cuda`: one session type for the CLI whichever backend runs it.
+
+use super::session::{CudaBackend, CudaOptions, CudaSession};
+use crate::session::{Model, ModelError, Session, SessionOptions};
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+impl FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(BackendKind::Cpu),
+            "cuda" => Ok(BackendKind::Cuda),
+            other => Err(format!("unknown backend `{other}` (expected cpu or cuda)")),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// A session on either backend, with the API both share.
+pub enum AnySession<'m> {
+    Cpu(Session<'m, f32>),
+    Cuda(CudaSession<'m>),
+}
+
+impl<'m> AnySession<'m> {
+    /// A session of `model` on `kind` (for CUDA: compiles the kernels and uploads the
+    /// weights first; one backend per session).
+    pub fn open(model: &'m Model, kind: BackendKind, opts: SessionOptions, cuda: &CudaOptions) -> Result<AnySession<'m>, ModelError> {
+        Ok(match kind {
+            BackendKind::Cpu => AnySession::Cpu(Session::new(model, opts)),
+            BackendKind::Cuda => {
+                let b = CudaBackend::new(model, cuda)?;
+                eprintln!("ds4: cuda backend on {}", b.describe());
+                AnySession::Cuda(CudaSession::new(b, opts))
+            }
+        })
+    }
+
+    pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        match self {
+            AnySession::Cpu(s) => s.feed(ids),
+            AnySession::Cuda(s) => s.feed(ids),
+        }
+    }
+
+    pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
+        match self {
+            AnySession::Cpu(s) => s.prefill(ids, chunk),
+            AnySession::Cuda(s) => s.prefill(ids, chunk),
+        }
+    }
+
+    pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
+        match self {
+            AnySession::Cpu(s) => s.rewind(n),
+            AnySession::Cuda(s) => s.rewind(n),
+        }
+    }
+
+    pub fn pos(&self) -> usize {
+        match self {
+            AnySession::Cpu(s) => s.pos(),
+            AnySession::Cuda(s) => s.pos(),
+        }
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        match self {
+            AnySession::Cpu(s) => s.state_bytes(),
+            AnySession::Cuda(s) => s.state_bytes(),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Run-time compilation: the generated CUDA C++ of every kernel a graph needs, through
+//! NVRTC, into loaded functions with their parameter lists.
+//!
+//! The sources are exactly what `ds4 gen --target cuda-sm90|cuda-sm120` writes (the same
+//! `ds4_codegen::manifest` set). Compiled without FMA contraction: quant de-quantization
+//! stays bit-identical to the CPU's, and op kernels round like the CPU's f32 code.
+
+use super::device::{CudaError, Device};
+use cudarc::driver::CudaFunction;
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use ds4_codegen::manifest::KernelSet;
+use ds4_codegen::quant::{self, QParam, QuantKernelKind};
+use ds4_codegen::Target;
+use ds4_ir::kir::{Kernel, ParamKind, Ty};
+use ds4_ir::GgmlType;
+use std::collections::HashMap;
+
+/// How a generated kernel takes its arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamSig {
+    /// A device pointer.
+    Ptr,
+    U64,
+    I32,
+    F32,
+    Bool,
+}
+
+/// A loaded kernel: its function and parameter names and kinds, in order.
+pub struct Loaded {
+    pub func: CudaFunction,
+    pub params: Vec<(String, ParamSig)>,
+    /// Threads per block the kernel is written for.
+    pub threads: u32,
+}
+
+/// Every compiled kernel, by entry-point name.
+pub struct Kernels {
+    pub by_name: HashMap<String, Loaded>,
+    pub target: Target,
+}
+
+/// The dialect for a compute capability.
+pub fn target_for(sm: u32) -> Target {
+    if sm >= 120 {
+        Target::CudaSm120
+    } else {
+        Target::CudaSm90
+    }
+}
+
+fn op_params(k: &Kernel) -> Vec<(String, ParamSig)> {
+    k.params
+        .iter()
+        .map(|p| {
+            let sig = match p.kind {
+                ParamKind::Buffer { .. } => ParamSig::Ptr,
+                ParamKind::Scalar { ty: Ty::Usize } => ParamSig::U64,
+                ParamKind::Scalar { ty: Ty::I32 } => ParamSig::I32,
+                ParamKind::Scalar { ty: Ty::F } => ParamSig::F32,
+                ParamKind::Scalar { ty: Ty::Bool } => ParamSig::Bool,
+            };
+            (p.name.clone(), sig)
+        })
+        .collect()
+}
+
+fn quant_params(params: &[QParam]) -> Vec<(String, ParamSig)> {
+    params
+        .iter()
+        .map(|p| match p {
+            QParam::Buffer { name, .. } => (name.to_string(), ParamSig::Ptr),
+            QParam::Scalar { name } => (name.to_string(), ParamSig::U64),
+        })
+        .collect()
+}
+
+/// One source to compile.
+struct Unit {
+    name: String,
+    source: String,
+    params: Vec<(String, ParamSig)>,
+    threads: u32,
+}
+
+impl Kernels {
+    /// Compiles `set` for `dev` (in parallel: NVRTC is thread-safe).
+    pub fn compile(dev: &Device, set: &KernelSet) -> Result<Kernels, CudaError> {
+        let target = target_for(dev.sm);
+        let mut units = Vec::new();
+        for k in ds4_ir::kernels::all() {
+            if set.ops.contains_key(&k.name) {
+                units.push(Unit { name: k.name.clone(), source: ds4_codegen::render(&k, target), params: op_params(&k), threads: 1 });
+            }
+        }
+        for &(kind, t) in set.quant.keys() {
+            units.push(quant_unit(kind, t, target)?);
+        }
+        let arch = format!("--gpu-architecture=compute_{}", dev.sm);
+        let ptx: Vec<Result<cudarc::nvrtc::Ptx, CudaError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = units
+                .iter()
+                .map(|u| {
+                    let arch = arch.clone();
+                    s.spawn(move || {
+                        let opts = CompileOptions { fmad: Some(false), options: vec![arch], name: Some(format!("{}.cu", u.name)), ..Default::default() };
+                        compile_ptx_with_opts(&u.source, opts).map_err(|e| CudaError(format!("NVRTC failed on {}: {e:?}", u.name)))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CudaError("NVRTC thread panicked".into())))).collect()
+        });
+        let mut by_name = HashMap::new();
+        dev.bind()?;
+        for (u, p) in units.into_iter().zip(ptx) {
+            let module = dev.ctx.load_module(p?)?;
+            let func = module.load_function(&u.name)?;
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads });
+        }
+        Ok(Kernels { by_name, target })
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Loaded, CudaError> {
+        self.by_name.get(name).ok_or_else(|| CudaError(format!("kernel {name} was not compiled for this graph")))
+    }
+}
+
+fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
+    let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
+    let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
+    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads })
+}

@@ -1,0 +1,181 @@
+//! The device: one CUDA context on GPU 0, raw allocations, copies and launches.
+//!
+//! Everything goes through the driver API, loaded at run time (cudarc's dynamic loading):
+//! a machine without a driver builds and runs the rest of ds4, and [`probe`] says why
+//! there is no device. Copies are synchronous and launches go to the legacy default
+//! stream, so the order of calls is the order of execution.
+
+use cudarc::driver::{result, sys, CudaContext};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Why the CUDA backend cannot run here, or the device it found.
+pub fn probe() -> Result<String, String> {
+    // SAFETY: only tries to dlopen the libraries.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver library (libcuda) on this machine".into());
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("no NVRTC library (libnvrtc; add /usr/local/cuda/lib64 to LD_LIBRARY_PATH)".into());
+    }
+    result::init().map_err(|e| format!("CUDA driver did not initialise: {e}"))?;
+    let n = CudaContext::device_count().map_err(|e| format!("cannot count CUDA devices: {e}"))?;
+    if n < 1 {
+        return Err("the CUDA driver sees no device".into());
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("cannot open CUDA device 0: {e}"))?;
+    let (maj, min) = ctx.compute_capability().map_err(|e| e.to_string())?;
+    Ok(format!("{} (sm_{maj}{min})", ctx.name().unwrap_or_else(|_| "CUDA device".into())))
+}
+
+/// An error from the driver or from our use of it.
+#[derive(Debug, thiserror::Error)]
+#[error("cuda: {0}")]
+pub struct CudaError(pub String);
+
+impl From<result::DriverError> for CudaError {
+    fn from(e: result::DriverError) -> Self {
+        CudaError(e.to_string())
+    }
+}
+
+/// GPU 0's context.
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    /// Compute capability as `major * 10 + minor` (90 on Hopper).
+    pub sm: u32,
+    pub name: String,
+}
+
+impl Device {
+    pub fn open() -> Result<Arc<Device>, CudaError> {
+        probe().map_err(CudaError)?;
+        let ctx = CudaContext::new(0)?;
+        let (maj, min) = ctx.compute_capability()?;
+        let name = ctx.name()?;
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name }))
+    }
+
+    /// Makes the context current on the calling thread (every entry point calls this).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    /// `bytes` of device memory (at least one byte, so every buffer has an address).
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuf, CudaError> {
+        self.bind()?;
+        // SAFETY: a plain cuMemAlloc; freed once in Drop.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }?;
+        Ok(DeviceBuf { dev: self.clone(), ptr, bytes })
+    }
+
+    pub fn upload<T: Copy>(self: &Arc<Self>, data: &[T]) -> Result<DeviceBuf, CudaError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        b.write(0, data)?;
+        Ok(b)
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        Ok(self.ctx.synchronize()?)
+    }
+}
+
+/// One device allocation (or a window of one), freed when the owner drops.
+pub struct DeviceBuf {
+    dev: Arc<Device>,
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl DeviceBuf {
+    /// Copies `data` to byte offset `at`.
+    pub fn write<T: Copy>(&self, at: usize, data: &[T]) -> Result<(), CudaError> {
+        let n = std::mem::size_of_val(data);
+        if at + n > self.bytes {
+            return Err(CudaError(format!("write of {n} bytes at {at} into a buffer of {}", self.bytes)));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: in bounds (checked above); synchronous copy from a live slice.
+        unsafe { result::memcpy_htod_sync(self.ptr + at as u64, data) }?;
+        Ok(())
+    }
+
+    /// Copies the first `n` elements back.
+    pub fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, CudaError> {
+        let mut out = vec![T::default(); n];
+        if std::mem::size_of_val(&out[..]) > self.bytes {
+            return Err(CudaError(format!("read of {n} elements from a buffer of {} bytes", self.bytes)));
+        }
+        if n > 0 {
+            self.dev.bind()?;
+            // SAFETY: in bounds (checked above); synchronous copy into a live slice.
+            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }?;
+        }
+        Ok(out)
+    }
+
+    /// Copies `bytes` from `src` (at `src_at`) to this buffer at `at`.
+    pub fn copy_from(&self, at: usize, src: &DeviceBuf, src_at: usize, bytes: usize) -> Result<(), CudaError> {
+        if at + bytes > self.bytes || src_at + bytes > src.bytes {
+            return Err(CudaError("device copy out of bounds".into()));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: both ranges in bounds (checked above).
+        unsafe { result::memcpy_dtod_sync(self.ptr + at as u64, src.ptr + src_at as u64, bytes) }?;
+        Ok(())
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: allocated by malloc_sync, freed once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A kernel argument, passed by value as the generated signature declares it.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(sys::CUdeviceptr),
+    U64(u64),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+}
+
+/// Launches `f` on the default stream.
+pub fn launch(dev: &Device, f: sys::CUfunction, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
+    if grid.0 == 0 || grid.1 == 0 {
+        return Ok(());
+    }
+    dev.bind()?;
+    // Each argument's value lives in this vector while the launch reads it.
+    let mut slots: Vec<[u8; 8]> = args
+        .iter()
+        .map(|a| {
+            let mut s = [0u8; 8];
+            match *a {
+                Arg::Ptr(p) | Arg::U64(p) => s.copy_from_slice(&p.to_ne_bytes()),
+                Arg::I32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+                Arg::F32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+                Arg::Bool(v) => s[0] = v as u8,
+            }
+            s
+        })
+        .collect();
+    let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
+    // SAFETY: `params` points at one value per kernel parameter, of the parameter's size
+    // or larger (the generated signatures and `args` are checked against each other by
+    // the caller), alive until the call returns (the driver copies them at launch).
+    unsafe { result::launch_kernel(f, grid, block, 0, std::ptr::null_mut(), &mut params) }?;
+    Ok(())
+}

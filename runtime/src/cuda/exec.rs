@@ -1,0 +1,373 @@
+//! The graph executor on the GPU: `crate::exec` with device buffers. Same node order,
+//! same shapes, same kernels (the generated CUDA of the same kernel bodies), same errors;
+//! the stateful ops keep their bookkeeping on the host (`slots.rs`).
+
+use super::compile::{Kernels, ParamSig};
+use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
+use super::placement::{DeviceTensor, DeviceWeights};
+use super::slots;
+use crate::exec::ExecError;
+use crate::state::SessionState;
+use ds4_codegen::quant::{kernel_name, QuantKernelKind};
+use ds4_ir::kernels::attention;
+use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+impl From<CudaError> for ExecError {
+    fn from(e: CudaError) -> Self {
+        ExecError::Internal(e.to_string())
+    }
+}
+
+/// A value flowing along an edge: a device buffer of f32 or i32 elements, or a weight.
+enum GVal {
+    F(Rc<DeviceBuf>, usize),
+    I(Rc<DeviceBuf>, usize),
+    W(String),
+    Freed,
+}
+
+pub struct GpuExecutor<'a> {
+    pub dev: &'a Arc<Device>,
+    pub kernels: &'a Kernels,
+    pub weights: &'a DeviceWeights,
+    pub graph: &'a Graph,
+    /// A one-element buffer bound to pointer params a launch does not read.
+    pub dummy: &'a DeviceBuf,
+}
+
+/// Named arguments of one launch.
+type Named<'n> = [(&'n str, Arg)];
+
+impl GpuExecutor<'_> {
+    /// Launches kernel `name` over `grid` blocks, its arguments matched by name.
+    fn call(&self, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
+        let k = self.kernels.get(name)?;
+        let mut args = Vec::with_capacity(k.params.len());
+        for (p, sig) in &k.params {
+            let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
+            let ok = matches!((sig, a), (ParamSig::Ptr, Arg::Ptr(_)) | (ParamSig::U64, Arg::U64(_)) | (ParamSig::I32, Arg::I32(_)) | (ParamSig::F32, Arg::F32(_)) | (ParamSig::Bool, Arg::Bool(_)));
+            if !ok {
+                return Err(CudaError(format!("{name}: argument {p} is {a:?}, the kernel takes {sig:?}")).into());
+            }
+            args.push(a);
+        }
+        launch(self.dev, k.func.cu_function(), (grid.0, grid.1, 1), (k.threads, 1, 1), &args)?;
+        Ok(())
+    }
+
+    /// An op kernel over the items of an output of `n_out` floats, `out_len` per item.
+    fn op(&self, name: &str, n_out: usize, out_len: usize, named: &Named) -> Result<GVal, ExecError> {
+        let out = self.dev.alloc(n_out * 4)?;
+        if n_out > 0 && out_len > 0 {
+            let mut all = vec![("out", Arg::Ptr(out.ptr))];
+            all.extend_from_slice(named);
+            self.call(name, ((n_out / out_len) as u32, 1), &all)?;
+        }
+        Ok(GVal::F(Rc::new(out), n_out))
+    }
+
+    /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
+    #[allow(clippy::too_many_arguments)]
+    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("out", Arg::Ptr(out.ptr)),
+            ("w", Arg::Ptr(w.ptr)),
+            ("x", Arg::Ptr(x)),
+            ("sel", Arg::Ptr(sel.unwrap_or(self.dummy.ptr))),
+            ("wts", Arg::Ptr(wts.unwrap_or(self.dummy.ptr))),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(w.row_bytes(k))),
+            ("picks", u(picks)),
+            ("x_div", u(x_div)),
+            ("groups", u(groups)),
+            ("ng", u(ng)),
+            ("has_sel", u(sel.is_some() as usize)),
+            ("has_wts", u(wts.is_some() as usize)),
+        ];
+        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (n as u32, m as u32), &named)
+    }
+
+    /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
+    pub fn run(&self, state: &mut SessionState<f32>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        let g = self.graph;
+        let order = g.order();
+        let last_use = g.last_uses();
+        let mut vals: HashMap<usize, GVal> = HashMap::new();
+        if state.slots.len() < g.n_slots {
+            state.slots.resize(g.n_slots, None);
+        }
+        let u = |v: usize| Arg::U64(v as u64);
+        let fl = |v: f32| Arg::F32(v);
+        for (step, &id) in order.iter().enumerate() {
+            let node = g.node(id);
+            let label = node.label.as_str();
+            let ins = g.inputs(id);
+            let shape = node.ty.shape.eval(bind);
+            let n_out: usize = shape.iter().product();
+            let in_shape = |i: usize| g.node(ins[i]).ty.shape.eval(bind);
+            let last = |i: usize| *in_shape(i).last().unwrap_or(&1);
+            let rows = |i: usize| {
+                let s = in_shape(i);
+                s.iter().product::<usize>() / s.last().copied().unwrap_or(1).max(1)
+            };
+            let f = |i: usize| -> Result<Arg, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::F(b, _)) => Ok(Arg::Ptr(b.ptr)),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not a float value"))),
+                }
+            };
+            let iv = |i: usize| -> Result<Arg, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::I(b, _)) => Ok(Arg::Ptr(b.ptr)),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not an i32 value"))),
+                }
+            };
+            let host_i = |i: usize| -> Result<Vec<i32>, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::I(b, n)) => Ok(b.read::<i32>(*n)?),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not an i32 value"))),
+                }
+            };
+            let host_f = |i: usize| -> Result<Vec<f32>, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::F(b, n)) => Ok(b.read::<f32>(*n)?),
+                    Some(GVal::W(name)) => Ok(self.weights.vector(name)?.1.clone()),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
+                }
+            };
+            let w = |i: usize| -> Result<&DeviceTensor, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::W(name)) => Ok(self.weights.tensor(name)?),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not a weight"))),
+                }
+            };
+            // A small float parameter: an activation or a weight kept as an f32 vector.
+            let vecf = |i: usize| -> Result<Arg, ExecError> {
+                match vals.get(&ins[i].index()) {
+                    Some(GVal::F(b, _)) => Ok(Arg::Ptr(b.ptr)),
+                    Some(GVal::W(name)) => Ok(Arg::Ptr(self.weights.vector(name)?.0.ptr)),
+                    _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
+                }
+            };
+            let value = match &node.op {
+                Op::Input { name, .. } => match name.as_str() {
+                    "ids" => GVal::I(Rc::new(self.dev.upload(ids)?), ids.len()),
+                    "residual" => {
+                        let r = residual.ok_or_else(|| ExecError::Input("this graph needs an incoming residual".into()))?;
+                        if r.len() != n_out {
+                            return Err(ExecError::Input(format!("residual has {} values, the graph needs {n_out}", r.len())));
+                        }
+                        GVal::F(Rc::new(self.dev.upload(r)?), n_out)
+                    }
+                    other => return Err(ExecError::Input(format!("unknown graph input '{other}'"))),
+                },
+                Op::Weight { name, .. } => GVal::W(name.clone()),
+                Op::Embed => {
+                    let host_ids = host_i(0)?;
+                    let table = w(1)?;
+                    let (d, vocab) = (shape[1], table.ne[1] as usize);
+                    if let Some(bad) = host_ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                        return Err(ExecError::Input(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+                    }
+                    let out = self.dev.alloc(n_out * 4)?;
+                    let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(table.ptr)), ("ids", iv(0)?), ("k", u(d)), ("row_bytes", u(table.row_bytes(d)))];
+                    self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (host_ids.len() as u32, 1), &named)?;
+                    GVal::F(Rc::new(out), n_out)
+                }
+                Op::MatMul => {
+                    let (k, n, m) = (last(0), shape[shape.len() - 1], rows(0));
+                    let out = self.dev.alloc(n_out * 4)?;
+                    let Arg::Ptr(x) = f(0)? else { unreachable!() };
+                    self.matvec(&out, w(1)?, x, None, None, n, k, m, 1, 1, 1, n)?;
+                    GVal::F(Rc::new(out), n_out)
+                }
+                Op::GroupedMatMul { groups } => {
+                    let (kg, n, m) = (last(0) / groups, shape[shape.len() - 1], rows(0));
+                    let out = self.dev.alloc(n_out * 4)?;
+                    let Arg::Ptr(x) = f(0)? else { unreachable!() };
+                    self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups)?;
+                    GVal::F(Rc::new(out), n_out)
+                }
+                Op::MoeExperts { clamp } => {
+                    let (Arg::Ptr(a), Arg::Ptr(sel), Arg::Ptr(wts)) = (f(0)?, iv(1)?, f(2)?) else { unreachable!() };
+                    let (gate, up, down) = (w(3)?, w(4)?, w(5)?);
+                    let (d, k, t) = (last(0), last(1), rows(0));
+                    let (ff, n_exp) = (gate.ne[1] as usize, gate.ne[2] as usize);
+                    if let Some(bad) = host_i(1)?.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
+                        return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
+                    }
+                    // Per (token, pick): gate and up rows of the picked expert, then SwiGLU.
+                    let gb = self.dev.alloc(t * k * ff * 4)?;
+                    let ub = self.dev.alloc(t * k * ff * 4)?;
+                    self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                    self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                    let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
+                    let GVal::F(h, _) = h else { unreachable!() };
+                    // Per token: Σ over picks of weight · down(h).
+                    let out = self.dev.alloc(n_out * 4)?;
+                    self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                    GVal::F(Rc::new(out), n_out)
+                }
+                Op::Reshape { .. } => match vals.get(&ins[0].index()) {
+                    Some(GVal::F(b, n)) => GVal::F(b.clone(), *n),
+                    Some(GVal::I(b, n)) => GVal::I(b.clone(), *n),
+                    _ => return Err(ExecError::Internal(format!("{label}: reshape of a non-activation"))),
+                },
+                Op::RmsNorm { eps } => {
+                    let n = last(0);
+                    self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?
+                }
+                Op::RmsNormPlain { eps } => {
+                    let n = last(0);
+                    self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?
+                }
+                Op::Add => {
+                    let n = last(0);
+                    self.op("add", n_out, n, &[("a", f(0)?), ("b", f(1)?), ("n", u(n))])?
+                }
+                Op::HcBroadcast { nh } => {
+                    let d = last(0);
+                    self.op("hc_broadcast", n_out, nh * d, &[("x", f(0)?), ("nh", u(*nh)), ("d", u(d))])?
+                }
+                Op::HcMix { nh, iters, eps } => {
+                    let mw = last(0);
+                    self.op("hc_mix", n_out, mw, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))])?
+                }
+                Op::HcHeadMix { nh, eps } => self.op("hc_head_mix", n_out, *nh, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("eps", fl(*eps))])?,
+                Op::HcCollapse { nh } => {
+                    let (d, mw) = (last(0), last(1));
+                    self.op("hc_collapse", n_out, d, &[("r", f(0)?), ("mix", f(1)?), ("nh", u(*nh)), ("d", u(d)), ("mw", u(mw))])?
+                }
+                Op::HcExpand { nh } => {
+                    let d = last(0);
+                    self.op("hc_expand", n_out, nh * d, &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
+                }
+                Op::Rope { n_rot, inv_freq, pos, inverse } => {
+                    let (heads, hd) = (shape[1], shape[2]);
+                    let freq: Vec<f32> = inv_freq.iter().map(|&v| v as f32).collect();
+                    let freq = self.dev.upload(&freq)?;
+                    let (base, mult) = match pos {
+                        RopePos::Tokens => (bind.pos0, 1),
+                        RopePos::Compressed { ratio } => (bind.pos0 / ratio, *ratio),
+                    };
+                    let sign = if *inverse { -1.0 } else { 1.0 };
+                    let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(base)), ("pos_mult", u(mult)), ("sign", fl(sign))];
+                    self.op("rope", n_out, hd, &named)?
+                }
+                Op::Fp8RoundTrip { n_nope } => {
+                    let wd = last(0);
+                    self.op("fp8_roundtrip", n_out, wd, &[("x", f(0)?), ("w", u(wd)), ("n_nope", u(*n_nope))])?
+                }
+                Op::HadamardFp4 { fp4 } => self.op("hadamard_fp4", n_out, 128, &[("x", f(0)?), ("fp4", Arg::Bool(*fp4))])?,
+                Op::RouterScores => {
+                    let n = last(0);
+                    self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?
+                }
+                Op::RouterBiased => {
+                    let n = last(0);
+                    self.op("router_biased", n_out, n, &[("scores", f(0)?), ("bias", vecf(1)?), ("n", u(n))])?
+                }
+                Op::RouterHash { k } => {
+                    let table = w(1)?;
+                    let vocab = table.bytes / 4 / k;
+                    if let Some(bad) = host_i(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                        return Err(ExecError::Input(format!("token id {bad} is outside the hash table (size {vocab})")));
+                    }
+                    let GVal::F(b, n) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
+                    GVal::I(b, n)
+                }
+                Op::TopK { k } => {
+                    let n = last(0);
+                    let GVal::F(b, len) = self.op("top_k", n_out, *k, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
+                    GVal::I(b, len)
+                }
+                Op::RouterWeights { scale, normalize } => {
+                    let (n, k) = (last(0), last(1));
+                    self.op("router_weights", n_out, k, &[("scores", f(0)?), ("sel", iv(1)?), ("n", u(n)), ("k", u(k)), ("scale", fl(*scale)), ("normalize", Arg::Bool(*normalize))])?
+                }
+                Op::SwiGlu { clamp } => {
+                    let n = last(0);
+                    self.op("swiglu", n_out, n, &[("g", f(0)?), ("u", f(1)?), ("n", u(n)), ("clamp", fl(*clamp))])?
+                }
+                Op::WindowKv { slot, window } => {
+                    let wd = last(0);
+                    let x = host_f(0)?;
+                    let rows = slots::window_kv(state, *slot, *window, &x, wd, bind, label)?;
+                    GVal::F(Rc::new(self.dev.upload(&rows)?), rows.len())
+                }
+                Op::CompressPool { slot, ratio, overlap, width } => {
+                    let (kvc, gc, ape) = (host_f(0)?, host_f(1)?, host_f(2)?);
+                    let p = slots::compress_gather(state, *slot, *ratio, *overlap, *width, &kvc, &gc, &ape, last(0), shape[0], bind, label)?;
+                    let (kv, gate) = (self.dev.upload(&p.kv)?, self.dev.upload(&p.gate)?);
+                    self.op("compress_pool", n_out, *width, &[("kv", Arg::Ptr(kv.ptr)), ("gate", Arg::Ptr(gate.ptr)), ("slots", u(p.slots)), ("w", u(*width))])?
+                }
+                Op::RowCache { slot, ratio } => {
+                    let wd = last(0);
+                    let x = host_f(0)?;
+                    let rows = slots::row_cache(state, *slot, *ratio, &x, wd, bind, label)?;
+                    GVal::F(Rc::new(self.dev.upload(rows)?), rows.len())
+                }
+                Op::IndexerScores { ratio } => {
+                    let (qs, n_rows) = (in_shape(0), shape[1]);
+                    let named = [("q", f(0)?), ("w", f(1)?), ("rows", f(2)?), ("n_rows", u(n_rows)), ("heads", u(qs[1])), ("dk", u(qs[2])), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
+                    self.op("indexer_scores", n_out, n_rows, &named)?
+                }
+                Op::Attention { window, ratio, comp } => {
+                    let (heads, hd) = (shape[1], shape[2]);
+                    let n_win = in_shape(1)[0];
+                    let win_pos0 = bind.pos0 - bind.window_prior(*window);
+                    let dummy = Arg::Ptr(self.dummy.ptr);
+                    let (comp_rows, n_comp) = if *comp != CompMode::None { (f(3)?, in_shape(3)[0]) } else { (dummy, 0) };
+                    let (sel, k_sel) = if *comp == CompMode::Selected { (iv(4)?, last(4)) } else { (dummy, 0) };
+                    let mode = match comp {
+                        CompMode::None => attention::COMP_NONE,
+                        CompMode::Causal => attention::COMP_CAUSAL,
+                        CompMode::Selected => attention::COMP_SELECTED,
+                    };
+                    let scale = 1.0 / (hd as f32).sqrt();
+                    let named = [
+                        ("q", f(0)?),
+                        ("win", f(1)?),
+                        ("comp", comp_rows),
+                        ("sel", sel),
+                        ("sinks", vecf(2)?),
+                        ("heads", u(heads)),
+                        ("hd", u(hd)),
+                        ("pos0", u(bind.pos0)),
+                        ("win_pos0", u(win_pos0)),
+                        ("n_win", u(n_win)),
+                        ("window", u(*window)),
+                        ("n_comp", u(n_comp)),
+                        ("comp_mode", u(mode)),
+                        ("ratio", u(*ratio)),
+                        ("k_sel", u(k_sel)),
+                        ("scale", fl(scale)),
+                    ];
+                    self.op("attention", n_out, hd, &named)?
+                }
+            };
+            vals.insert(id.index(), value);
+            for i in &ins {
+                if last_use[i.index()] == step {
+                    vals.insert(i.index(), GVal::Freed);
+                }
+            }
+        }
+        state.trim(bind.pos0 + bind.tokens);
+        let mut outs = HashMap::new();
+        for (name, id) in &g.outputs {
+            match vals.get(&id.index()) {
+                Some(GVal::F(b, n)) => {
+                    outs.insert(name.clone(), b.read::<f32>(*n)?);
+                }
+                _ => return Err(ExecError::Internal(format!("output '{name}' has no float value"))),
+            }
+        }
+        Ok(outs)
+    }
+}

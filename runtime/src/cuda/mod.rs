@@ -1,0 +1,40 @@
+//! The CUDA backend: the generated CUDA C++ of every kernel a graph needs (the kernel
+//! bodies of `ds4_ir::kernels` and the quant kernels lowered from each `QuantSpec`, as
+//! `ds4 gen --target cuda-*` writes them), compiled at run time with NVRTC and run
+//! through the driver API, both loaded at run time: this module builds everywhere, and
+//! [`probe`] tells a machine without a GPU or driver apart.
+//!
+//! - `device.rs`: context, allocations, copies, launches;
+//! - `compile.rs`: NVRTC, one module per kernel;
+//! - `placement.rs`: weights as raw GGUF bytes, 2 MiB-aligned per tensor (or packed);
+//! - `exec.rs`: the graph executor, `crate::exec`'s semantics on device buffers;
+//! - `slots.rs`: the stateful ops' bookkeeping (host side);
+//! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
+//! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI.
+//!
+//! See docs/cuda-backend.md for why this is our own CUDA printer and not cubecl.
+
+mod backend_choice;
+mod compile;
+mod device;
+mod exec;
+mod placement;
+pub mod slots;
+mod session;
+
+pub use backend_choice::{AnySession, BackendKind};
+pub use compile::{target_for, Kernels};
+pub use device::{launch, probe, Arg, CudaError, Device, DeviceBuf};
+pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
+pub use session::{CudaBackend, CudaOptions, CudaSession};
+/// The kernel set and quant kernel names the backend compiles (from the codegen core).
+pub use ds4_codegen::manifest::KernelSet;
+pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, QuantKernelKind};
+
+/// The line tests print when they cannot run here.
+pub fn skip_reason() -> Option<String> {
+    match probe() {
+        Ok(_) => None,
+        Err(why) => Some(format!("skipped: no CUDA device ({why})")),
+    }
+}

@@ -1,0 +1,144 @@
+//! A model on the GPU ([`CudaBackend`]: kernels compiled, weights placed) and the
+//! conversations that run on it ([`CudaSession`]: the same feed / prefill / rewind API
+//! as `crate::Session<f32>`).
+
+use super::compile::Kernels;
+use super::device::{CudaError, Device, DeviceBuf};
+use super::exec::GpuExecutor;
+use super::placement::{DeviceWeights, Placement};
+use crate::session::{Model, ModelError, SessionOptions};
+use crate::state::SessionState;
+use ds4_codegen::manifest::KernelSet;
+use ds4_ir::{Bind, Graph};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    pub placement: Placement,
+}
+
+impl From<CudaError> for ModelError {
+    fn from(e: CudaError) -> Self {
+        ModelError::Session(e.to_string())
+    }
+}
+
+/// A model's kernels and weights on GPU 0.
+pub struct CudaBackend<'m> {
+    pub model: &'m Model,
+    pub dev: Arc<Device>,
+    pub kernels: Kernels,
+    pub weights: DeviceWeights,
+    dummy: DeviceBuf,
+}
+
+impl<'m> CudaBackend<'m> {
+    /// Compiles the kernels of the model's graphs (with and without the round trips) and
+    /// uploads their weights.
+    pub fn new(model: &'m Model, opts: &CudaOptions) -> Result<Arc<CudaBackend<'m>>, CudaError> {
+        let dev = Device::open()?;
+        let mut set = KernelSet::for_graph(&model.graph);
+        for (k, ops) in KernelSet::for_graph(&model.graph_plain).ops {
+            set.ops.entry(k).or_default().extend(ops);
+        }
+        let kernels = Kernels::compile(&dev, &set)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement)?;
+        let dummy = dev.alloc(16)?;
+        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy }))
+    }
+
+    /// Device name and compute capability, for reports.
+    pub fn describe(&self) -> String {
+        format!("{} (sm_{}), {} MiB of weights", self.dev.name, self.dev.sm, self.weights.bytes >> 20)
+    }
+}
+
+/// One conversation on the GPU.
+pub struct CudaSession<'m> {
+    backend: Arc<CudaBackend<'m>>,
+    graph: Cow<'m, Graph>,
+    state: SessionState<f32>,
+    pos: usize,
+    opts: SessionOptions,
+}
+
+impl<'m> CudaSession<'m> {
+    pub fn new(backend: Arc<CudaBackend<'m>>, opts: SessionOptions) -> Self {
+        let model = backend.model;
+        let graph = if opts.plain { &model.graph_plain } else { &model.graph };
+        CudaSession::with_graph(backend, Cow::Borrowed(graph), opts)
+    }
+
+    /// A session running a custom graph of this model (its ops must be among the
+    /// model's graphs', whose kernels the backend compiled).
+    pub fn with_graph(backend: Arc<CudaBackend<'m>>, graph: Cow<'m, Graph>, opts: SessionOptions) -> Self {
+        let state = SessionState::new(graph.n_slots, opts.max_rewind);
+        CudaSession { backend, graph, state, pos: 0, opts }
+    }
+
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+
+    /// Bytes of per-session state (kept on the host for now).
+    pub fn state_bytes(&self) -> usize {
+        self.state.bytes()
+    }
+
+    /// Feeds a batch and returns the graph's outputs for it.
+    pub fn feed_outputs(&mut self, ids: &[u32]) -> Result<HashMap<String, Vec<f32>>, ModelError> {
+        self.feed_with_residual(ids, None)
+    }
+
+    /// Feeds a batch to a graph over a later layer range (see `Session::feed_with_residual`).
+    pub fn feed_with_residual(&mut self, ids: &[u32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::Session("no tokens to feed".into()));
+        }
+        let vocab = self.backend.model.hp.vocab;
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Session(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let bind = Bind { pos0: self.pos, tokens: ids.len() };
+        let b = &self.backend;
+        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph: &self.graph, dummy: &b.dummy };
+        let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
+        self.pos += ids.len();
+        Ok(outs)
+    }
+
+    /// Feeds tokens and returns their logits, [T, vocab] row-major.
+    pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut outs = self.feed_outputs(ids)?;
+        outs.remove("logits").ok_or_else(|| ModelError::Session("this graph has no logits output".into()))
+    }
+
+    /// Prefill in chunks of `chunk` tokens; the logits of every token.
+    pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
+        let mut all = Vec::with_capacity(ids.len() * self.backend.model.hp.vocab);
+        for c in ids.chunks(chunk.max(1)) {
+            all.extend(self.feed(c)?);
+        }
+        Ok(all)
+    }
+
+    /// Drops the last `n` positions, as if they had never been fed.
+    pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
+        if n > self.pos {
+            return Err(ModelError::Session(format!("cannot rewind {n} positions: only {} fed", self.pos)));
+        }
+        if n > self.opts.max_rewind {
+            return Err(ModelError::Session(format!("cannot rewind {n} positions: this session keeps state for {}", self.opts.max_rewind)));
+        }
+        self.pos -= n;
+        self.state.truncate(self.pos);
+        Ok(())
+    }
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One command on the GPU machine: every generated CUDA kernel against its f64 reference,
+# the tiny golden models end to end on the CUDA backend (and against the CPU backend),
+# `ds4 gen`, and `ds4 bench --backend cuda` next to the CPU; a short table last.
+#
+# Built here, run there (the GPU machine has no Rust toolchain):
+#   scripts/gpu-check.sh --prepare      # release build + test binaries + golden files,
+#                                       # stripped into device-carry/ (git-ignored)
+#   scripts/gpu-check.sh                # on the device, with device-carry/ carried along
+# Logs go to $OUT (or /tmp/ds4-gpu-check).
+set -u
+
+CARRY=${CARRY:-device-carry}
+
+if [ "${1:-}" = "--prepare" ]; then
+    set -e
+    TGT=${CARGO_TARGET_DIR:-target}
+    cargo build --release -p ds4
+    cargo test --release --no-run -p ds4-tests --test cuda_kernels --test cuda_golden
+    rm -rf "$CARRY" && mkdir -p "$CARRY/golden/models"
+    cp "$TGT/release/ds4" "$CARRY/ds4"
+    for t in cuda_kernels cuda_golden; do
+        # The newest build of each test binary (deps/<name>-<hash>, executable).
+        bin=$(ls -t "$TGT"/release/deps/$t-* | grep -v '\.d$' | head -1)
+        cp "$bin" "$CARRY/$t"
+    done
+    strip "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden
+    GOLDEN=${GOLDEN:-../shared/golden}
+    for m in tiny-f32 tiny-q2 tiny-q4; do
+        mkdir -p "$CARRY/golden/models/$m"
+        cp "$GOLDEN/models/$m/"{model.gguf,reference.json,reference.safetensors,reference_plain.safetensors} "$CARRY/golden/models/$m/"
+    done
+    du -sh "$CARRY"
+    exit 0
+fi
+
+OUT=${OUT:-/tmp/ds4-gpu-check}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export DS4_GOLDEN_DIR=$PWD/$CARRY/golden
+M=$CARRY/golden/models
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u +%Y-%m-%dT%H:%MZ; } > "$OUT/device.txt" 2>&1
+
+"$CARRY/cuda_kernels" --nocapture --test-threads=1 > "$OUT/kernels.log" 2>&1; rc_kernels=$?
+"$CARRY/cuda_golden" --nocapture --test-threads=1 > "$OUT/golden.log" 2>&1; rc_golden=$?
+
+{
+    echo "== ds4 gen --target cuda-sm90 (tiny-q4)"
+    "$CARRY/ds4" gen --target cuda-sm90 --model "$M/tiny-q4/model.gguf" --out "$OUT/gen" && ls "$OUT/gen" | wc -l
+    echo "== ds4 run --backend cuda vs cpu (tiny-f32, greedy ids)"
+    g=$("$CARRY/ds4" run --backend cuda --model "$M/tiny-f32/model.gguf" --tokens 1,2,3,4,5 -n 12 --ids)
+    c=$("$CARRY/ds4" run --backend cpu --model "$M/tiny-f32/model.gguf" --tokens 1,2,3,4,5 -n 12 --ids)
+    echo "cuda: $g"; echo "cpu:  $c"
+    [ "$g" = "$c" ] && echo "run: same ids" || echo "run: DIFFERENT ids"
+} > "$OUT/cli.log" 2>&1; rc_cli=$?
+grep -q "run: same ids" "$OUT/cli.log" || rc_cli=1
+cp "$OUT/gen/manifest.json" "$OUT/manifest.json" 2>/dev/null; rm -rf "$OUT/gen"
+
+{
+    for m in tiny-q4 tiny-f32; do
+        for b in cuda cpu; do
+            echo "== $m $b"
+            "$CARRY/ds4" bench --backend $b --model "$M/$m/model.gguf" --prefill 16,128 --gen 32
+        done
+    done
+} > "$OUT/bench.log" 2>&1; rc_bench=$?
+
+status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
+{
+    echo
+    echo "ds4 gpu-check on $(head -1 "$OUT/device.txt")"
+    echo "-----------------------------------------------------------------"
+    sed -n '/^kernel /,/^hadamard_fp4/p' "$OUT/kernels.log"
+    grep -E "dequant_rows bit-exact" "$OUT/kernels.log"
+    grep -oE "(cuda tiny|cpu vs cuda).*" "$OUT/golden.log"
+    grep -E "^== |^[0-9]+," "$OUT/bench.log"
+    echo "-----------------------------------------------------------------"
+    printf "%-28s %s\n" "kernel parity (cuda_kernels)" "$(status $rc_kernels)" \
+        "tiny models (cuda_golden)" "$(status $rc_golden)" \
+        "cli gen/run" "$(status $rc_cli)" \
+        "bench" "$(status $rc_bench)"
+} | tee "$OUT/summary.txt"
+[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ]

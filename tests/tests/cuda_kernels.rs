@@ -1,0 +1,323 @@
+//! Every generated CUDA kernel against its float64 reference on fresh random inputs:
+//! the op kernels (NVRTC-compiled from `ds4_codegen`) against the kernel IR run in f64
+//! (`kir_eval`, proven equal to the Rust bodies by ir/tests/kir_matches_rust.rs), and the
+//! quant kernels against the CPU code generated from the same `QuantSpec`.
+//!
+//! Without a CUDA device or driver every test prints "skipped: no CUDA device" and passes.
+//! Set DS4_CUDA_SEED to vary the inputs (default: the time).
+
+use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
+use ds4_ir::kir_eval::{self, Arg as KArg, Out};
+use ds4_runtime::cuda::{launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, QuantKernelKind};
+use std::sync::Arc;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo) as u64) as usize
+    }
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// f32-representable values, so both sides see identical inputs.
+    fn floats(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi) as f32 as f64).collect()
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("DS4_CUDA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
+    })
+}
+
+/// An owned argument, in kernel param order after the output.
+enum A {
+    F(Vec<f64>),
+    I(Vec<i32>),
+    U(usize),
+    S(f64),
+    B(bool),
+}
+
+/// Items and arguments for one random case of kernel `name`.
+fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
+    use A::*;
+    let t = r.range(1, 6);
+    let n = r.range(1, 64);
+    match name {
+        "rms_norm" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), F(r.floats(n, -2.0, 2.0)), U(n), S(1e-6)]),
+        "rms_norm_plain" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), U(n), S(1e-6)]),
+        "add" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), F(r.floats(t * n, -3.0, 3.0)), U(n)]),
+        "rope" => {
+            let (heads, n_rot) = (r.range(1, 4), 2 * r.range(0, 9));
+            let hd = n_rot + r.range(0, 8);
+            let sign = if r.next() % 2 == 0 { 1.0 } else { -1.0 };
+            (t * heads, vec![F(r.floats(t * heads * hd, -3.0, 3.0)), F(r.floats(n_rot / 2, 0.0, 1.0)), U(heads), U(hd), U(n_rot), U(r.range(0, 100)), U(r.range(1, 5)), S(sign)])
+        }
+        "attention" => {
+            let (heads, hd, pos0) = (r.range(1, 4), r.range(1, 17), r.range(0, 20));
+            let win_pos0 = r.range(0, pos0 + 1);
+            let n_win = pos0 + t - win_pos0;
+            let (n_comp, k_sel) = (r.range(0, 7), r.range(1, 5));
+            let sel: Vec<i32> = (0..t * k_sel).map(|_| r.range(0, n_comp + 1) as i32 - 1).collect();
+            let args = vec![
+                F(r.floats(t * heads * hd, -1.0, 1.0)),
+                F(r.floats(n_win.max(1) * hd, -1.0, 1.0)),
+                F(r.floats(n_comp.max(1) * hd, -1.0, 1.0)),
+                I(sel),
+                F(r.floats(heads, -1.0, 1.0)),
+                U(heads),
+                U(hd),
+                U(pos0),
+                U(win_pos0),
+                U(n_win),
+                U(r.range(1, 10)),
+                U(n_comp),
+                U(r.range(0, 3)),
+                U(r.range(1, 5)),
+                U(k_sel),
+                S(r.uniform(0.1, 1.0) as f32 as f64),
+            ];
+            (t * heads, args)
+        }
+        "compress_pool" => {
+            let (slots, w) = (r.range(1, 9), r.range(1, 16));
+            let gate: Vec<f64> = (0..t * slots * w).map(|i| if i % 7 == 3 { f64::NEG_INFINITY } else { r.uniform(-2.0, 2.0) as f32 as f64 }).collect();
+            // Keep at least one live slot per channel: slot 0 always finite.
+            let gate: Vec<f64> = gate.iter().enumerate().map(|(i, &g)| if (i / w) % slots == 0 && g.is_infinite() { 0.5 } else { g }).collect();
+            (t, vec![F(r.floats(t * slots * w, -2.0, 2.0)), F(gate), U(slots), U(w)])
+        }
+        "indexer_scores" => {
+            let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
+            (t, vec![F(r.floats(t * heads * dk, -1.0, 1.0)), F(r.floats(t * heads, -1.0, 1.0)), F(r.floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
+        }
+        "top_k" => {
+            let n = r.range(1, 20);
+            let scores: Vec<f64> = (0..t * n).map(|i| if i % 5 == 4 { f64::NEG_INFINITY } else { r.uniform(-2.0, 2.0) as f32 as f64 }).collect();
+            (t, vec![F(scores), U(n), U(r.range(1, n + 3))])
+        }
+        "hc_mix" | "hc_head_mix" | "hc_collapse" | "hc_expand" | "hc_broadcast" => {
+            let (nh, d) = (r.range(1, 5), r.range(1, 24));
+            let mw = 2 * nh + nh * nh;
+            let args = match name {
+                "hc_mix" => vec![F(r.floats(t * mw, -2.0, 2.0)), F(r.floats(3, 0.5, 2.0)), F(r.floats(mw, -1.0, 1.0)), U(nh), U(r.range(1, 5)), S(1e-6)],
+                "hc_head_mix" => vec![F(r.floats(t * nh, -2.0, 2.0)), F(r.floats(1, 0.5, 2.0)), F(r.floats(nh, -1.0, 1.0)), U(nh), S(1e-6)],
+                "hc_collapse" => vec![F(r.floats(t * nh * d, -2.0, 2.0)), F(r.floats(t * mw, 0.0, 1.0)), U(nh), U(d), U(mw)],
+                "hc_expand" => vec![F(r.floats(t * d, -2.0, 2.0)), F(r.floats(t * nh * d, -2.0, 2.0)), F(r.floats(t * mw, 0.0, 1.0)), U(nh), U(d)],
+                _ => vec![F(r.floats(t * d, -2.0, 2.0)), U(nh), U(d)],
+            };
+            (t, args)
+        }
+        "router_scores" => (t, vec![F(r.floats(t * n, -30.0, 30.0)), U(n)]),
+        "router_biased" => (t, vec![F(r.floats(t * n, 0.0, 3.0)), F(r.floats(n, -1.0, 1.0)), U(n)]),
+        "router_hash" => {
+            let (vocab, k) = (r.range(1, 40), r.range(1, 8));
+            let ids = (0..t).map(|_| r.range(0, vocab) as i32).collect();
+            let table = (0..vocab * k).map(|_| r.range(0, 256) as i32).collect();
+            (t, vec![I(ids), I(table), U(k)])
+        }
+        "router_weights" => {
+            let k = r.range(1, n + 1);
+            let sel = (0..t * k).map(|_| r.range(0, n) as i32).collect();
+            (t, vec![F(r.floats(t * n, 0.0, 3.0)), I(sel), U(n), U(k), S(r.uniform(0.5, 3.0) as f32 as f64), B(r.next() % 2 == 0)])
+        }
+        "swiglu" => (t, vec![F(r.floats(t * n, -20.0, 20.0)), F(r.floats(t * n, -20.0, 20.0)), U(n), S(7.0)]),
+        "fp8_roundtrip" => {
+            let nb = r.range(0, 4);
+            let w = 64 * nb + r.range(0, 70);
+            let mag = 10f64.powf(r.uniform(-4.0, 4.0));
+            (t, vec![F(r.floats(t * w.max(1), -mag, mag)), U(w), U(64 * r.range(0, nb + 1))])
+        }
+        "hadamard_fp4" => {
+            let mag = 10f64.powf(r.uniform(-4.0, 4.0));
+            (t, vec![F(r.floats(t * 128, -mag, mag)), B(r.next() % 10 < 7)])
+        }
+        other => panic!("no random case for kernel {other}: add one"),
+    }
+}
+
+fn device() -> Option<Arc<Device>> {
+    if let Some(why) = skip_reason() {
+        println!("{why}");
+        return None;
+    }
+    Some(Device::open().expect("probe said yes"))
+}
+
+/// Runs one case on the GPU and in f64; returns (compared values, mismatches, worst error).
+/// How far an f32 GPU value may be from the f64 one: |g - w| ≤ 1e-4 · max(|w|, floor),
+/// with `floor` a fraction of the output's largest magnitude.
+fn error_floor(kernel: &str) -> f64 {
+    match kernel {
+        // A rotation: its error follows the size of the rotated pair, not of each
+        // component. The angle pos·inv_freq is rounded to f32 before sin/cos (as on the
+        // CPU), ~1e-5 rad at positions of a few hundred.
+        "rope" => 1.0,
+        _ => 1e-3,
+    }
+}
+
+fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
+    let kargs: Vec<KArg<'_, f64>> = args
+        .iter()
+        .map(|a| match a {
+            A::F(v) => KArg::Buf(v),
+            A::I(v) => KArg::IntBuf(v),
+            A::U(v) => KArg::Usize(*v),
+            A::S(v) => KArg::F(*v),
+            A::B(v) => KArg::Bool(*v),
+        })
+        .collect();
+    let len = kir_eval::out_len(k, &kargs);
+    let n_out = items * len;
+    // Device side, in param order: output, then each argument.
+    let out = dev.alloc(n_out.max(1) * 4).unwrap();
+    let mut bufs = Vec::new();
+    let mut dargs = vec![Arg::Ptr(out.ptr)];
+    for (a, p) in args.iter().zip(k.inputs()) {
+        dargs.push(match (a, p.kind) {
+            (A::F(v), _) => {
+                let b = dev.upload(&v.iter().map(|&x| x as f32).collect::<Vec<f32>>()).unwrap();
+                let ptr = b.ptr;
+                bufs.push(b);
+                Arg::Ptr(ptr)
+            }
+            (A::I(v), _) => {
+                let b = dev.upload(v).unwrap();
+                let ptr = b.ptr;
+                bufs.push(b);
+                Arg::Ptr(ptr)
+            }
+            (A::U(v), _) => Arg::U64(*v as u64),
+            (A::S(v), ParamKind::Scalar { ty: Ty::F }) => Arg::F32(*v as f32),
+            (A::S(v), _) => Arg::I32(*v as i32),
+            (A::B(v), _) => Arg::Bool(*v),
+        });
+    }
+    let loaded = ks.get(&k.name).unwrap();
+    launch(dev, loaded.func.cu_function(), (items as u32, 1, 1), (loaded.threads, 1, 1), &dargs).unwrap();
+    dev.synchronize().unwrap();
+    let (_, elem) = k.out();
+    match elem {
+        Elem::F => {
+            let gpu: Vec<f32> = out.read(n_out).unwrap();
+            let mut want = vec![0f64; n_out];
+            kir_eval::eval(k, items, Out::F(&mut want), &kargs);
+            let scale = want.iter().filter(|v| v.is_finite()).fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+            let mut bad = 0;
+            let mut worst = 0f64;
+            for (g, w) in gpu.iter().zip(&want) {
+                let g = *g as f64;
+                if w.is_infinite() || g.is_infinite() {
+                    bad += (g != *w) as usize;
+                    continue;
+                }
+                let e = (g - w).abs() / (w.abs().max(error_floor(&k.name) * scale));
+                worst = worst.max(e);
+                bad += (e > 1e-4 || g.is_nan() != w.is_nan()) as usize;
+            }
+            (n_out, bad, worst)
+        }
+        Elem::I32 => {
+            let gpu: Vec<i32> = out.read(n_out).unwrap();
+            let mut want = vec![0i32; n_out];
+            kir_eval::eval::<f64>(k, items, Out::I32(&mut want), &kargs);
+            let bad = gpu.iter().zip(&want).filter(|(a, b)| a != b).count();
+            (n_out, bad, bad as f64)
+        }
+    }
+}
+
+#[test]
+fn every_op_kernel_matches_its_f64_reference() {
+    let Some(dev) = device() else { return };
+    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let seed = seed();
+    let mut r = Rng(seed);
+    let mut failures = Vec::new();
+    println!("op kernel parity on {} (seed {seed}):", dev.name);
+    println!("{:<16} {:>6} {:>9} {:>10} {:>11}", "kernel", "cases", "values", "mismatch", "worst rel");
+    for k in ds4_ir::kernels::all() {
+        let (mut total, mut bad, mut worst) = (0, 0, 0f64);
+        for _ in 0..20 {
+            let (items, args) = case(&k.name, &mut r);
+            let (n, b, w) = run_case(&dev, &ks, &k, items, &args);
+            total += n;
+            bad += b;
+            worst = worst.max(w);
+        }
+        // The FP8/FP4 round trips are discontinuous: a value that lands within f32
+        // rounding of a code boundary may take the neighbouring code (≤ 1%).
+        let allowed = if k.name.contains("roundtrip") || k.name.contains("fp4") { total / 100 } else { 0 };
+        println!("{:<16} {:>6} {:>9} {:>10} {:>11.2e}{}", k.name, 20, total, bad, worst, if bad > allowed { "  FAIL" } else { "" });
+        if bad > allowed {
+            failures.push(k.name.clone());
+        }
+    }
+    assert!(failures.is_empty(), "kernels off their f64 reference: {failures:?}");
+}
+
+#[test]
+fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
+    let Some(dev) = device() else { return };
+    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let mut r = Rng(seed());
+    println!("quant kernel parity on {}:", dev.name);
+    for &t in ds4_ir::quant::supported() {
+        if !ds4_ir::quant::can_quantize(t) {
+            println!("{t}: no quantizer, skipped");
+            continue;
+        }
+        let (rows, m) = (r.range(1, 9), r.range(1, 4));
+        let k = t.block_elems() * r.range(1, 5);
+        let src = r.floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let rb = t.bytes_for(k as u64).unwrap() as usize;
+        let mut bytes = vec![0u8; rows * rb];
+        for i in 0..rows {
+            ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
+        }
+        let w = dev.upload(&bytes).unwrap();
+        // dequant_rows: rows in reverse order, bit-exact.
+        let ids: Vec<i32> = (0..rows as i32).rev().collect();
+        let idb = dev.upload(&ids).unwrap();
+        let out = dev.alloc(rows * k * 4).unwrap();
+        let dq = ks.get(&kernel_name(QuantKernelKind::DequantRows, t)).unwrap();
+        launch(&dev, dq.func.cu_function(), (rows as u32, 1, 1), (dq.threads, 1, 1), &[Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(idb.ptr), Arg::U64(k as u64), Arg::U64(rb as u64)]).unwrap();
+        let gpu: Vec<f32> = out.read(rows * k).unwrap();
+        let mut exact = true;
+        for (j, &row) in ids.iter().enumerate() {
+            let mut want = vec![0f32; k];
+            ds4_ir::quant::dequantize_row(t, &bytes[row as usize * rb..][..rb], &mut want).unwrap();
+            exact &= gpu[j * k..(j + 1) * k].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        }
+        // matvec: m tokens against every row.
+        let x = r.floats(m * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let xb = dev.upload(&x).unwrap();
+        let mv_out = dev.alloc(m * rows * 4).unwrap();
+        let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
+        let u = |v: usize| Arg::U64(v as u64);
+        let args = [Arg::Ptr(mv_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(xb.ptr), u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0)];
+        launch(&dev, mv.func.cu_function(), (rows as u32, m as u32, 1), (mv.threads, 1, 1), &args).unwrap();
+        let got: Vec<f32> = mv_out.read(m * rows).unwrap();
+        let mut worst = 0f64;
+        for ti in 0..m {
+            for j in 0..rows {
+                let mut wrow = vec![0f32; k];
+                ds4_ir::quant::dequantize_row(t, &bytes[j * rb..][..rb], &mut wrow).unwrap();
+                let want: f64 = wrow.iter().zip(&x[ti * k..(ti + 1) * k]).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let norm: f64 = wrow.iter().zip(&x[ti * k..(ti + 1) * k]).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                worst = worst.max((got[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens)");
+        assert!(exact, "{t}: GPU de-quantization differs from the CPU's");
+        assert!(worst < 1e-5, "{t}: matvec off by {worst}");
+    }
+}
