@@ -541,6 +541,12 @@ const PLAIN_TAGS: Tags = Tags {
     param_end: "</parameter>",
 };
 
+/// The three accepted spellings of the tool-call block's opening tag (the parser and a
+/// streaming server that must hold text back both need them).
+pub const TOOL_BLOCK_STARTS: [&str; 3] = [DSML_TAGS.calls_start, SHORT_TAGS.calls_start, PLAIN_TAGS.calls_start];
+/// The matching closing tags.
+pub const TOOL_BLOCK_ENDS: [&str; 3] = [DSML_TAGS.calls_end, SHORT_TAGS.calls_end, PLAIN_TAGS.calls_end];
+
 /// Splits generated assistant text at its DSML tool-call block: returns the content
 /// before the block (trailing whitespace trimmed) and the calls. Text without a block,
 /// or with a block that does not parse, comes back whole with no calls, so the turn

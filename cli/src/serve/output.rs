@@ -14,10 +14,8 @@ use crate::serve::generate::Flow;
 use ds4_model::chat::{self, ToolCall};
 use ds4_model::tokenizer::{StreamDecoder, Tokenizer};
 
-/// The spellings of a tool-call block's opening tag that `chat::parse_tool_calls`
-/// accepts (models sometimes drop the first bar or the DSML marker).
-const BLOCK_STARTS: [&str; 3] = ["<｜DSML｜tool_calls>", "<DSML｜tool_calls>", "<tool_calls>"];
-const BLOCK_ENDS: [&str; 3] = ["</｜DSML｜tool_calls>", "</DSML｜tool_calls>", "</tool_calls>"];
+// The tool-call block's tag spellings, shared with `chat::parse_tool_calls`.
+use ds4_model::chat::{TOOL_BLOCK_ENDS as BLOCK_ENDS, TOOL_BLOCK_STARTS as BLOCK_STARTS};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Piece {
