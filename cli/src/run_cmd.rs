@@ -61,13 +61,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
-    let vocab = model.hp.vocab;
     let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor } })?;
     let mut sampler = Sampler::new(SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed });
     let t0 = std::time::Instant::now();
-    let logits = s.prefill(&prompt, a.chunk)?;
+    let logits = s.prefill_last(&prompt, a.chunk)?;
     let t_prefill = t0.elapsed();
-    let mut next = sampler.sample(&logits[logits.len() - vocab..]) as u32;
+    let mut next = sampler.sample(&logits) as u32;
     let mut out = Vec::with_capacity(a.n);
     let t1 = std::time::Instant::now();
     let stdout = std::io::stdout();

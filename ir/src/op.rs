@@ -73,6 +73,8 @@ pub enum Op {
     MoeExperts { clamp: f32 },
     /// Same elements, new shape.
     Reshape { shape: Shape },
+    /// The last row of [T, ...] → [1, ...] (logits for the last token only).
+    LastRow,
     /// RMSNorm over the last dim, times a weight.
     RmsNorm { eps: f32 },
     /// RMSNorm over the last dim, no weight.
@@ -150,6 +152,7 @@ impl Op {
             Op::GroupedMatMul { .. } => "grouped_matmul",
             Op::MoeExperts { .. } => "moe_experts",
             Op::Reshape { .. } => "reshape",
+            Op::LastRow => "last_row",
             Op::RmsNorm { .. } => "rms_norm",
             Op::RmsNormPlain { .. } => "rms_norm_plain",
             Op::Add => "add",
@@ -180,6 +183,7 @@ impl Op {
         match self {
             Op::Input { .. } | Op::Weight { .. } => 0,
             Op::Reshape { .. }
+            | Op::LastRow
             | Op::RmsNormPlain { .. }
             | Op::HcBroadcast { .. }
             | Op::Rope { .. }
@@ -300,6 +304,15 @@ impl Op {
                     return err(self, format!("cannot reshape {} to {}", ins[0], shape));
                 }
                 Ok(TensorType { dtype: ins[0].dtype, shape: shape.clone() })
+            }
+            Op::LastRow => {
+                want_f32(0)?;
+                if dims(ins[0]).first() != Some(&Tokens) {
+                    return err(self, format!("needs [T, ...], got {}", ins[0]));
+                }
+                let mut out = dims(ins[0]).to_vec();
+                out[0] = Const(1);
+                Ok(TensorType::f32(&out))
             }
             Op::RmsNorm { .. } => {
                 want_f32(0)?;

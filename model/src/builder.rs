@@ -24,11 +24,14 @@ pub struct GraphOptions {
     pub plain: bool,
     /// Also output `residual.L` after each layer (for parity tests).
     pub residuals: bool,
+    /// Logits of the batch's last token only (generation needs no more; the output
+    /// head is the largest matmul of a step).
+    pub last_only: bool,
 }
 
 impl GraphOptions {
     pub fn full(hp: &HParams) -> GraphOptions {
-        GraphOptions { layers: 0..hp.n_layer, logits: true, plain: false, residuals: false }
+        GraphOptions { layers: 0..hp.n_layer, logits: true, plain: false, residuals: false, last_only: false }
     }
 }
 
@@ -247,7 +250,8 @@ impl Builder<'_> {
     fn head(&mut self, r: NodeId) -> Result<NodeId, BuildError> {
         let hp = self.hp;
         let (hc, d) = (hp.hc, hp.d);
-        let flat = self.reshape("head.flat", r, &[Dim::Tokens, Dim::Const(hc * d)])?;
+        let rows = self.g.node(r).ty.shape.0[0];
+        let flat = self.reshape("head.flat", r, &[rows, Dim::Const(hc * d)])?;
         let normed = self.add("head.hc_norm", Op::RmsNormPlain { eps: hp.rms_eps }, &[flat])?;
         let m = self.matmul("head.hc_proj", normed, "output_hc_fn.weight", hc * d, hc)?;
         let scale = self.weight("output_hc_scale.weight", &[1], true)?;
@@ -285,6 +289,9 @@ pub fn build_graph(hp: &HParams, tt: &dyn TensorTable, opts: &GraphOptions) -> R
         }
     }
     if opts.logits && end == hp.n_layer {
+        if opts.last_only {
+            r = b.add("head.last", Op::LastRow, &[r])?;
+        }
         let logits = b.head(r)?;
         b.g.mark_output("logits", logits);
     } else {

@@ -41,6 +41,10 @@ pub struct Model {
     pub graph: Graph,
     /// The same without the round trips (for comparison with `reference_plain`).
     pub graph_plain: Graph,
+    /// `graph` and `graph_plain` with logits for the batch's last token only (same
+    /// state slots, so a session switches freely between them).
+    pub graph_last: Graph,
+    pub graph_plain_last: Graph,
 }
 
 impl Model {
@@ -54,7 +58,9 @@ impl Model {
         let tt = FileTable(&file);
         let graph = build_graph(&hp, &tt, &GraphOptions::full(&hp))?;
         let graph_plain = build_graph(&hp, &tt, &GraphOptions { plain: true, ..GraphOptions::full(&hp) })?;
-        Ok(Model { hp, weights: Weights::new(Arc::new(file)), graph, graph_plain })
+                let last = |plain| build_graph(&hp, &tt, &GraphOptions { plain, last_only: true, ..GraphOptions::full(&hp) });
+        let (graph_last, graph_plain_last) = (last(false)?, last(true)?);
+        Ok(Model { hp, weights: Weights::new(Arc::new(file)), graph, graph_plain, graph_last, graph_plain_last })
     }
 
     /// Build another graph on this model's tensors (a layer range, extra outputs).
@@ -87,6 +93,8 @@ impl Default for SessionOptions {
 pub struct Session<'m, F> {
     model: &'m Model,
     graph: std::borrow::Cow<'m, Graph>,
+    /// The last-token-logits variant of `graph`, when there is one.
+    graph_last: Option<&'m Graph>,
     state: SessionState<F>,
     pos: usize,
     opts: SessionOptions,
@@ -94,18 +102,24 @@ pub struct Session<'m, F> {
 
 impl<'m, F: Compute> Session<'m, F> {
     pub fn new(model: &'m Model, opts: SessionOptions) -> Self {
-        let graph = if opts.plain { &model.graph_plain } else { &model.graph };
-        Session::with_graph(model, std::borrow::Cow::Borrowed(graph), opts)
+        let (graph, last) = if opts.plain { (&model.graph_plain, &model.graph_plain_last) } else { (&model.graph, &model.graph_last) };
+        let mut s = Session::with_graph(model, std::borrow::Cow::Borrowed(graph), opts);
+        s.graph_last = Some(last);
+        s
     }
 
     /// A session running a custom graph of this model (e.g. with per-layer outputs).
     pub fn with_graph(model: &'m Model, graph: std::borrow::Cow<'m, Graph>, opts: SessionOptions) -> Self {
         let state = SessionState::new(graph.n_slots, opts.max_rewind);
-        Session { model, graph, state, pos: 0, opts }
+        Session { model, graph, graph_last: None, state, pos: 0, opts }
     }
 
     pub fn pos(&self) -> usize {
         self.pos
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
     }
 
     pub fn options(&self) -> &SessionOptions {
@@ -125,6 +139,10 @@ impl<'m, F: Compute> Session<'m, F> {
     /// Feed a batch to a graph over a later layer range: `residual` is the incoming
     /// hyper-connection state [T, nh, D] from the stage before (a pipeline split).
     pub fn feed_with_residual(&mut self, ids: &[u32], residual: Option<&[F]>) -> Result<std::collections::HashMap<String, Vec<F>>, ModelError> {
+        self.run_graph(ids, residual, false)
+    }
+
+    fn run_graph(&mut self, ids: &[u32], residual: Option<&[F]>, last_only: bool) -> Result<std::collections::HashMap<String, Vec<F>>, ModelError> {
         if ids.is_empty() {
             return Err(ModelError::Session("no tokens to feed".into()));
         }
@@ -134,7 +152,11 @@ impl<'m, F: Compute> Session<'m, F> {
         }
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
-        let ex = Executor { graph: &self.graph, weights: &self.model.weights, fast: self.opts.fast };
+        let graph = match (last_only, self.graph_last) {
+            (true, Some(g)) => g,
+            _ => &self.graph,
+        };
+        let ex = Executor { graph, weights: &self.model.weights, fast: self.opts.fast };
         let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual })?;
         self.pos += ids.len();
         Ok(outs)
@@ -144,6 +166,24 @@ impl<'m, F: Compute> Session<'m, F> {
     pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<F>, ModelError> {
         let mut outs = self.feed_outputs(ids)?;
         outs.remove("logits").ok_or_else(|| ModelError::Session("this graph has no logits output".into()))
+    }
+
+    /// Feed tokens and return the logits of the last one only ([vocab]): what generation
+    /// needs, without the output head over every prompt token.
+    pub fn feed_last(&mut self, ids: &[u32]) -> Result<Vec<F>, ModelError> {
+        let mut outs = self.run_graph(ids, None, true)?;
+        let l = outs.remove("logits").ok_or_else(|| ModelError::Session("this graph has no logits output".into()))?;
+        let vocab = self.model.hp.vocab;
+        Ok(l[l.len() - vocab..].to_vec())
+    }
+
+    /// Prefill in chunks of `chunk` tokens; returns the last token's logits ([vocab]).
+    pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<F>, ModelError> {
+        let mut last = Vec::new();
+        for c in ids.chunks(chunk.max(1)) {
+            last = self.feed_last(c)?;
+        }
+        Ok(last)
     }
 
     /// Prefill in chunks of `chunk` tokens; returns the logits of every token.

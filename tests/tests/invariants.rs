@@ -44,6 +44,10 @@ fn check(name: &str, plain: bool) {
     }
     let d = max_abs_diff(&got, &whole);
     assert!(d <= bound, "{name}: decode after prefill differs by {d} > {bound}");
+    // Last-token logits (the generation path) are the last row of the full logits.
+    let last = f64s(&Session::<f32>::new(&m, opts.clone()).prefill_last(&ids, 16).unwrap());
+    let d = max_abs_diff(&last, &whole[whole.len() - m.hp.vocab..]);
+    assert!(d <= bound, "{name}: last-token logits differ by {d} > {bound}");
     // rewind(n) then feeding the same tokens again gives the same logits.
     let vocab = m.hp.vocab;
     for n in [1, 5, 17, 40] {
@@ -67,7 +71,7 @@ fn tiny_f32_chunking_decode_and_rewind_agree() {
 #[test]
 fn rewind_refuses_beyond_what_was_fed_or_kept() {
     let m = model("tiny-f32");
-    let mut s = Session::<f32>::new(&m, SessionOptions { plain: true, max_rewind: 4 });
+    let mut s = Session::<f32>::new(&m, SessionOptions { plain: true, max_rewind: 4, ..Default::default() });
     s.feed(&[0, 1, 2, 3, 4, 5]).unwrap();
     assert!(s.rewind(7).unwrap_err().to_string().contains("only 6 fed"));
     assert!(s.rewind(5).unwrap_err().to_string().contains("keeps state for 4"));

@@ -95,15 +95,13 @@ impl<'m> Generator<'m> {
         let keep = self.fed.len().min(keep);
         self.fed.truncate(keep);
         let todo = &prompt[keep..];
-        let vocab = self.tm.model.hp.vocab;
         let mut last = Vec::new();
         for (i, batch) in todo.chunks(self.chunk).enumerate() {
             if cancelled() {
                 return Ok(None);
             }
-            let logits = self.session.feed(batch)?;
+            last = self.session.feed_last(batch)?;
             self.fed.extend_from_slice(batch);
-            last = logits[logits.len() - vocab..].to_vec();
             progress((i * self.chunk + batch.len()).min(todo.len()), todo.len());
         }
         Ok(Some((last, keep)))
