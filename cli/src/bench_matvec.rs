@@ -11,8 +11,11 @@
 //! are quantized from Gaussian data (a few distinct rows, tiled: realistic scales and no
 //! NaN/subnormal blocks from random bytes, and no minutes spent in the slower quantizers).
 //!
-//! Throughput is weight bytes / wall time, best of `passes` passes (the dev machine is
-//! shared, so the best pass is the one least disturbed by other processes).
+//! Throughput is weight bytes / time, best of `passes` passes (the dev machine is shared,
+//! so the best pass is the one least disturbed by other processes). Time is wall time for
+//! the parallel runs and the copy; for single-thread runs it is the thread's CPU time
+//! (Linux), which does not count time spent descheduled by other processes (it still
+//! counts their competition for memory bandwidth).
 
 use anyhow::{anyhow, Result};
 use ds4_ir::quant;
@@ -54,6 +57,36 @@ fn gaussian(n: usize, seed: u64) -> Vec<f32> {
             ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
         })
         .collect()
+}
+
+/// Seconds since the first call (monotonic).
+fn wall_seconds() -> f64 {
+    use std::sync::OnceLock;
+    static T0: OnceLock<Instant> = OnceLock::new();
+    T0.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// CPU time of the calling thread (Linux; elsewhere wall time).
+fn thread_cpu_seconds() -> f64 {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime");
+        ts.sec as f64 + ts.nsec as f64 * 1e-9
+    }
+    #[cfg(not(target_os = "linux"))]
+    wall_seconds()
 }
 
 /// Best wall time of `passes` runs of `f`, in seconds.
@@ -129,7 +162,8 @@ impl Case {
 
     /// Seconds for one y = W·x over every copy, as the runtime computes it.
     fn pass(&self, parallel: bool, fast: bool, y: &mut [f32]) -> f64 {
-        let t0 = Instant::now();
+        let clock = || if parallel { wall_seconds() } else { thread_cpu_seconds() };
+        let t0 = clock();
         for c in 0..self.copies {
             let w = self.matrix(c);
             let rb = self.row_bytes;
@@ -143,7 +177,7 @@ impl Case {
                 run_rows(w, rb, y, parallel, dot);
             }
         }
-        t0.elapsed().as_secs_f64()
+        clock() - t0
     }
 
     /// Best GB/s of weight bytes over `passes` passes.
@@ -198,7 +232,10 @@ pub fn run(o: MatvecOpts) -> Result<()> {
     let threads = rayon::current_num_threads();
     let set = o.set_mib << 20;
     let (copy, read) = memory_bandwidth(set.max(256 << 20), o.passes);
-    println!("threads: {threads}; distinct matrix data per measurement: {} MiB; best of {} passes", o.set_mib, o.passes);
+    println!(
+        "threads: {threads}; distinct matrix data per measurement: {} MiB; best of {} passes; 1T: thread CPU time, {threads}T: wall time",
+        o.set_mib, o.passes
+    );
     println!("copy bandwidth (all threads, read + write): {copy:.1} GB/s; read bandwidth: {read:.1} GB/s");
     println!("SIMD level of the generated kernels: {}", quant::simd_level());
     println!();

@@ -46,7 +46,7 @@ pub fn op_kernel(op: &Op) -> Option<&'static str> {
         Op::CompressPool { .. } => "compress_pool",
         Op::IndexerScores { .. } => "indexer_scores",
         Op::Attention { .. } => "attention",
-        Op::Input { .. } | Op::Weight { .. } | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
+        Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
             return None
         }
     })

@@ -99,7 +99,6 @@ mod tests {
         let a: Vec<usize> = { let mut s = Sampler::new(o.clone()); (0..20).map(|_| s.sample(&l)).collect() };
         let b: Vec<usize> = { let mut s = Sampler::new(o); (0..20).map(|_| s.sample(&l)).collect() };
         assert_eq!(a, b);
-        assert!(a.iter().all(|&i| i != 3 || true));
         // min-p 0.05 drops a token far below the top.
         let l2 = [10.0, 0.0];
         let mut s = Sampler::new(SamplerOptions { temperature: 1.0, seed: 1, ..Default::default() });

@@ -7,10 +7,17 @@ use ds4_runtime::cuda::{skip_reason, CudaBackend, CudaOptions, CudaSession, Plac
 use ds4_runtime::{Model, Session, SessionOptions};
 use std::sync::Arc;
 
+/// A line that shows even under the test harness's output capture (which only takes
+/// `print!`/`eprint!`), so a CI log says the GPU tests were skipped.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 fn skip() -> bool {
     match skip_reason() {
         Some(why) => {
-            println!("{why}");
+            say(&why);
             true
         }
         None => false,
@@ -170,6 +177,6 @@ fn cuda_backend_builds_or_says_why_not() {
     // Runs everywhere: either a device answers, or the reason is printed.
     match ds4_runtime::cuda::probe() {
         Ok(dev) => println!("cuda device: {dev}"),
-        Err(why) => println!("skipped: no CUDA device ({why})"),
+        Err(why) => say(&format!("skipped: no CUDA device ({why})")),
     }
 }

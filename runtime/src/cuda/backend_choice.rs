@@ -66,10 +66,29 @@ impl<'m> AnySession<'m> {
         }
     }
 
+    /// Prefill and return the last token's logits ([vocab]).
+    pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
+        let vocab = self.vocab();
+        match self {
+            AnySession::Cpu(s) => s.prefill_last(ids, chunk),
+            AnySession::Cuda(s) => {
+                let l = s.prefill(ids, chunk)?;
+                Ok(l[l.len() - vocab..].to_vec())
+            }
+        }
+    }
+
     pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
         match self {
             AnySession::Cpu(s) => s.rewind(n),
             AnySession::Cuda(s) => s.rewind(n),
+        }
+    }
+
+    pub fn vocab(&self) -> usize {
+        match self {
+            AnySession::Cpu(s) => s.model().hp.vocab,
+            AnySession::Cuda(s) => s.model().hp.vocab,
         }
     }
 

@@ -5,7 +5,7 @@
 //! there is no device. Copies are synchronous and launches go to the legacy default
 //! stream, so the order of calls is the order of execution.
 
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -153,7 +153,7 @@ pub enum Arg {
 }
 
 /// Launches `f` on the default stream.
-pub fn launch(dev: &Device, f: sys::CUfunction, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
+pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
     if grid.0 == 0 || grid.1 == 0 {
         return Ok(());
     }
@@ -176,6 +176,6 @@ pub fn launch(dev: &Device, f: sys::CUfunction, grid: (u32, u32, u32), block: (u
     // SAFETY: `params` points at one value per kernel parameter, of the parameter's size
     // or larger (the generated signatures and `args` are checked against each other by
     // the caller), alive until the call returns (the driver copies them at launch).
-    unsafe { result::launch_kernel(f, grid, block, 0, std::ptr::null_mut(), &mut params) }?;
+    unsafe { result::launch_kernel(f.cu_function(), grid, block, 0, std::ptr::null_mut(), &mut params) }?;
     Ok(())
 }

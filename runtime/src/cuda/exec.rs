@@ -54,7 +54,7 @@ impl GpuExecutor<'_> {
             }
             args.push(a);
         }
-        launch(self.dev, k.func.cu_function(), (grid.0, grid.1, 1), (k.threads, 1, 1), &args)?;
+        launch(self.dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), &args)?;
         Ok(())
     }
 
@@ -213,6 +213,14 @@ impl GpuExecutor<'_> {
                     self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
                     GVal::F(Rc::new(out), n_out)
                 }
+                Op::LastRow => match vals.get(&ins[0].index()) {
+                    Some(GVal::F(b, n)) => {
+                        let out = self.dev.alloc(n_out * 4)?;
+                        out.copy_from(0, b, (n - n_out) * 4, n_out * 4)?;
+                        GVal::F(Rc::new(out), n_out)
+                    }
+                    _ => return Err(ExecError::Internal(format!("{label}: input 0 is not a float value"))),
+                },
                 Op::Reshape { .. } => match vals.get(&ins[0].index()) {
                     Some(GVal::F(b, n)) => GVal::F(b.clone(), *n),
                     Some(GVal::I(b, n)) => GVal::I(b.clone(), *n),

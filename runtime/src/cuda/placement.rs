@@ -144,7 +144,7 @@ impl DeviceWeights {
 fn aligned_alloc(dev: &Arc<Device>, bytes: usize) -> Result<(DeviceBuf, usize), CudaError> {
     let size = round_up(bytes.max(1), TENSOR_ALIGN);
     let buf = dev.alloc(size)?;
-    if buf.ptr as usize % TENSOR_ALIGN == 0 {
+    if (buf.ptr as usize).is_multiple_of(TENSOR_ALIGN) {
         return Ok((buf, 0));
     }
     drop(buf);

@@ -65,6 +65,10 @@ pub struct CudaSession<'m> {
 }
 
 impl<'m> CudaSession<'m> {
+    pub fn model(&self) -> &'m Model {
+        self.backend.model
+    }
+
     pub fn new(backend: Arc<CudaBackend<'m>>, opts: SessionOptions) -> Self {
         let model = backend.model;
         let graph = if opts.plain { &model.graph_plain } else { &model.graph };
