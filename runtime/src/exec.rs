@@ -5,7 +5,8 @@
 //! in parallel; the executor only gathers inputs, moves bytes and keeps the state slots.
 //! It knows nothing about DS4 beyond the op set.
 
-use crate::state::{RowLog, SessionState, SlotState};
+use crate::slot_ops;
+use crate::state::SessionState;
 use crate::weights::{Compute, WeightView, Weights};
 use ds4_ir::kernels::{attention, compress, hc, moe, norm, rope, roundtrip};
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -348,75 +349,15 @@ impl<'a> Executor<'a> {
                     launch(&mut out, n, |i, o| moe::swiglu(i, o, g_, u, n, F::from_f32(*clamp)));
                     Value::F(out)
                 }
-                Op::WindowKv { slot, window } => {
-                    let (x, wd) = (f(0), last(0));
-                    let st = state.slots[*slot].get_or_insert_with(|| SlotState::Window { window: *window, log: RowLog::new(wd) });
-                    let SlotState::Window { log, .. } = st else { return Err(ExecError::Internal(format!("slot {slot} is not a window"))) };
-                    if log.end() != bind.pos0 {
-                        return Err(ExecError::Internal(format!("{}: window state ends at {}, batch starts at {}", node.label, log.end(), bind.pos0)));
-                    }
-                    let prior = bind.window_prior(*window);
-                    let mut out = log.rows(bind.pos0 - prior, bind.pos0).ok_or_else(|| ExecError::Internal(format!("{}: window rows were trimmed", node.label)))?.to_vec();
-                    out.extend_from_slice(x);
-                    log.push(x);
-                    Value::F(out)
-                }
+                Op::WindowKv { slot, window } => Value::F(slot_ops::window_kv(state, *slot, *window, f(0), last(0), bind, &node.label)?),
                 Op::CompressPool { slot, ratio, overlap, width } => {
-                    let (kvc, gc, ape) = (f(0), f(1), vecf(2));
-                    let r = *ratio;
-                    let cw = last(0);
-                    let st = state.slots[*slot].get_or_insert_with(|| SlotState::CompressLog { ratio: r, kv: RowLog::new(cw), gate: RowLog::new(cw) });
-                    let SlotState::CompressLog { kv, gate, .. } = st else { return Err(ExecError::Internal(format!("slot {slot} is not a compressor log"))) };
-                    if kv.end() != bind.pos0 {
-                        return Err(ExecError::Internal(format!("{}: compressor log ends at {}, batch starts at {}", node.label, kv.end(), bind.pos0)));
-                    }
-                    kv.push(kvc);
-                    gate.push(gc);
-                    let (wd, first_row, n_rows) = (*width, bind.pos0 / r, shape[0]);
-                    let slots = if *overlap { 2 * r } else { r };
-                    // Gather each new row's slots: [rows, slots, w], absent slots gate -inf.
-                    let mut skv = zeros::<F>(n_rows * slots * wd);
-                    let mut sg = vec![F::neg_infinity(); n_rows * slots * wd];
-                    for j in 0..n_rows {
-                        let i = first_row + j;
-                        for s in 0..slots {
-                            // (token, channel offset within the c·w projection)
-                            let (tok, half) = if *overlap {
-                                if s < r {
-                                    if i == 0 {
-                                        continue;
-                                    }
-                                    ((i - 1) * r + s, 0)
-                                } else {
-                                    (i * r + s - r, wd)
-                                }
-                            } else {
-                                (i * r + s, 0)
-                            };
-                            let kr = kv.row(tok).ok_or_else(|| ExecError::Internal(format!("{}: token {tok} left the compressor log", node.label)))?;
-                            let gr = gate.row(tok).expect("kv and gate logs move together");
-                            let ar = &ape[(tok % r) * cw..][..cw];
-                            let o = (j * slots + s) * wd;
-                            for c in 0..wd {
-                                skv[o + c] = kr[half + c];
-                                sg[o + c] = gr[half + c] + ar[half + c];
-                            }
-                        }
-                    }
+                    let wd = *width;
+                    let p = slot_ops::compress_gather(state, *slot, *ratio, *overlap, wd, f(0), f(1), &vecf(2), last(0), shape[0], bind, &node.label)?;
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, wd, |i, o| compress::compress_pool(i, o, &skv, &sg, slots, wd));
+                    launch(&mut out, wd, |i, o| compress::compress_pool(i, o, &p.kv, &p.gate, p.slots, wd));
                     Value::F(out)
                 }
-                Op::RowCache { slot, ratio } => {
-                    let (x, wd) = (f(0), last(0));
-                    let st = state.slots[*slot].get_or_insert_with(|| SlotState::Rows { ratio: *ratio, rows: RowLog::new(wd) });
-                    let SlotState::Rows { rows, .. } = st else { return Err(ExecError::Internal(format!("slot {slot} is not a row cache"))) };
-                    if rows.end() != bind.pos0 / ratio {
-                        return Err(ExecError::Internal(format!("{}: {} cached rows, expected {}", node.label, rows.end(), bind.pos0 / ratio)));
-                    }
-                    rows.push(x);
-                    Value::F(rows.data.clone())
-                }
+                Op::RowCache { slot, ratio } => Value::F(slot_ops::row_cache(state, *slot, *ratio, f(0), last(0), bind, &node.label)?.to_vec()),
                 Op::IndexerScores { ratio } => {
                     let (q, wt, rws) = (f(0), f(1), f(2));
                     let (qs, n_rows) = (in_shape(0), shape[1]);

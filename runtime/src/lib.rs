@@ -3,6 +3,7 @@ pub mod cuda;
 pub mod exec;
 pub mod sample;
 pub mod session;
+pub mod slot_ops;
 pub mod state;
 pub mod weights;
 pub use session::{Model, ModelError, Session, SessionOptions};

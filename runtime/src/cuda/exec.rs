@@ -5,7 +5,7 @@
 use super::compile::{Kernels, ParamSig};
 use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
 use super::placement::{DeviceTensor, DeviceWeights};
-use super::slots;
+use crate::slot_ops;
 use crate::exec::ExecError;
 use crate::state::SessionState;
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
@@ -305,19 +305,19 @@ impl GpuExecutor<'_> {
                 Op::WindowKv { slot, window } => {
                     let wd = last(0);
                     let x = host_f(0)?;
-                    let rows = slots::window_kv(state, *slot, *window, &x, wd, bind, label)?;
+                    let rows = slot_ops::window_kv(state, *slot, *window, &x, wd, bind, label)?;
                     GVal::F(Rc::new(self.dev.upload(&rows)?), rows.len())
                 }
                 Op::CompressPool { slot, ratio, overlap, width } => {
                     let (kvc, gc, ape) = (host_f(0)?, host_f(1)?, host_f(2)?);
-                    let p = slots::compress_gather(state, *slot, *ratio, *overlap, *width, &kvc, &gc, &ape, last(0), shape[0], bind, label)?;
+                    let p = slot_ops::compress_gather(state, *slot, *ratio, *overlap, *width, &kvc, &gc, &ape, last(0), shape[0], bind, label)?;
                     let (kv, gate) = (self.dev.upload(&p.kv)?, self.dev.upload(&p.gate)?);
                     self.op("compress_pool", n_out, *width, &[("kv", Arg::Ptr(kv.ptr)), ("gate", Arg::Ptr(gate.ptr)), ("slots", u(p.slots)), ("w", u(*width))])?
                 }
                 Op::RowCache { slot, ratio } => {
                     let wd = last(0);
                     let x = host_f(0)?;
-                    let rows = slots::row_cache(state, *slot, *ratio, &x, wd, bind, label)?;
+                    let rows = slot_ops::row_cache(state, *slot, *ratio, &x, wd, bind, label)?;
                     GVal::F(Rc::new(self.dev.upload(rows)?), rows.len())
                 }
                 Op::IndexerScores { ratio } => {

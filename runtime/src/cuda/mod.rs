@@ -19,7 +19,6 @@ mod compile;
 mod device;
 mod exec;
 mod placement;
-pub mod slots;
 mod session;
 
 pub use backend_choice::{AnySession, BackendKind};

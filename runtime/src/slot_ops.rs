@@ -1,7 +1,6 @@
-//! The stateful ops' bookkeeping, on the host: which rows a batch's window, compressor
-//! and row cache see. Only the rows involved cross the bus (the new rows down, the
-//! gathered rows up); the logs themselves are `crate::state`'s, shared with the CPU
-//! executor, and these functions follow `crate::exec` step for step.
+//! The stateful ops' bookkeeping, on the host, shared by every backend: which rows a
+//! batch's window, compressor and row cache see. The CPU executor runs the math on the
+//! result directly; the CUDA executor moves only the rows involved across the bus.
 //!
 //! TODO(device-state): keep the logs on the device and gather with a kernel.
 
