@@ -93,6 +93,7 @@ pub fn render(kernel: &Kernel, target: Target) -> String {
 }
 
 /// Parses and validates WGSL with naga, as wgpu will; the error names the line.
+#[cfg(feature = "naga")]
 pub fn validate_wgsl(source: &str) -> Result<naga::Module, String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())

@@ -1,14 +1,16 @@
 //! The graph executor: runs a graph's nodes in order on one backend (here: the CPU, in
 //! f32, or the float64 reference), binding the symbolic shapes to a batch.
 //!
-//! Every op's math is a kernel body from `ds4_ir::kernels`, launched over its work items
-//! in parallel; the executor only gathers inputs, moves bytes and keeps the state slots.
-//! It knows nothing about DS4 beyond the op set.
+//! Every op's math is a kernel rendered from kernel IR at build time (`cpu_kernels`, from
+//! the bodies in `ds4_ir::kernels`), launched over its work items in parallel; the
+//! executor only gathers inputs, moves bytes and keeps the state slots. It knows nothing
+//! about DS4 beyond the op set.
 
 use crate::slot_ops;
 use crate::state::SessionState;
 use crate::weights::{Compute, WeightView, Weights};
-use ds4_ir::kernels::{attention, compress, hc, moe, norm, rope, roundtrip};
+use crate::cpu_kernels as k;
+use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -216,7 +218,7 @@ impl<'a> Executor<'a> {
                                 g[i] = dot(&gate, gate.row(e * ff + i, d), x, &xa);
                                 u[i] = dot(&up, up.row(e * ff + i, d), x, &xa);
                             }
-                            moe::swiglu(0, &mut h, &g, &u, ff, c);
+                            k::swiglu::swiglu(0, &mut h, &g, &u, ff, c);
                             let ha = prepare_fast(self.fast, &h, 1, ff);
                             let we = wts[t * k + j];
                             for (i, oi) in o.iter_mut().enumerate() {
@@ -238,50 +240,50 @@ impl<'a> Executor<'a> {
                 Op::RmsNorm { eps } => {
                     let (x, wt, n) = (f(0), vecf(1), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| norm::rms_norm(i, o, x, &wt, n, F::from_f32(*eps)));
+                    launch(&mut out, n, |i, o| k::rms_norm::rms_norm(i, o, x, &wt, n, F::from_f32(*eps)));
                     Value::F(out)
                 }
                 Op::RmsNormPlain { eps } => {
                     let (x, n) = (f(0), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| norm::rms_norm_plain(i, o, x, n, F::from_f32(*eps)));
+                    launch(&mut out, n, |i, o| k::rms_norm_plain::rms_norm_plain(i, o, x, n, F::from_f32(*eps)));
                     Value::F(out)
                 }
                 Op::Add => {
                     let (a, b, n) = (f(0), f(1), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| norm::add(i, o, a, b, n));
+                    launch(&mut out, n, |i, o| k::add::add(i, o, a, b, n));
                     Value::F(out)
                 }
                 Op::HcBroadcast { nh } => {
                     let (x, d) = (f(0), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, nh * d, |i, o| hc::hc_broadcast(i, o, x, *nh, d));
+                    launch(&mut out, nh * d, |i, o| k::hc_broadcast::hc_broadcast(i, o, x, *nh, d));
                     Value::F(out)
                 }
                 Op::HcMix { nh, iters, eps } => {
                     let (m, scale, base) = (f(0), vecf(1), vecf(2));
                     let mw = last(0);
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, mw, |i, o| hc::hc_mix(i, o, m, &scale, &base, *nh, *iters, F::from_f32(*eps)));
+                    launch(&mut out, mw, |i, o| k::hc_mix::hc_mix(i, o, m, &scale, &base, *nh, *iters, F::from_f32(*eps)));
                     Value::F(out)
                 }
                 Op::HcHeadMix { nh, eps } => {
                     let (m, scale, base) = (f(0), vecf(1), vecf(2));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, *nh, |i, o| hc::hc_head_mix(i, o, m, &scale, &base, *nh, F::from_f32(*eps)));
+                    launch(&mut out, *nh, |i, o| k::hc_head_mix::hc_head_mix(i, o, m, &scale, &base, *nh, F::from_f32(*eps)));
                     Value::F(out)
                 }
                 Op::HcCollapse { nh } => {
                     let (r, mix, d, mw) = (f(0), f(1), last(0), last(1));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, d, |i, o| hc::hc_collapse(i, o, r, mix, *nh, d, mw));
+                    launch(&mut out, d, |i, o| k::hc_collapse::hc_collapse(i, o, r, mix, *nh, d, mw));
                     Value::F(out)
                 }
                 Op::HcExpand { nh } => {
                     let (y, r, mix, d) = (f(0), f(1), f(2), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, nh * d, |i, o| hc::hc_expand(i, o, y, r, mix, *nh, d));
+                    launch(&mut out, nh * d, |i, o| k::hc_expand::hc_expand(i, o, y, r, mix, *nh, d));
                     Value::F(out)
                 }
                 Op::Rope { n_rot, inv_freq, pos, inverse } => {
@@ -294,31 +296,31 @@ impl<'a> Executor<'a> {
                     };
                     let sign = if *inverse { -F::one() } else { F::one() };
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, hd, |i, o| rope::rope(i, o, x, &freq, heads, hd, *n_rot, base, mult, sign));
+                    launch(&mut out, hd, |i, o| k::rope::rope(i, o, x, &freq, heads, hd, *n_rot, base, mult, sign));
                     Value::F(out)
                 }
                 Op::Fp8RoundTrip { n_nope } => {
                     let (x, wd) = (f(0), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, wd, |i, o| roundtrip::fp8_roundtrip(i, o, x, wd, *n_nope));
+                    launch(&mut out, wd, |i, o| k::fp8_roundtrip::fp8_roundtrip(i, o, x, wd, *n_nope));
                     Value::F(out)
                 }
                 Op::HadamardFp4 { fp4 } => {
                     let x = f(0);
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, 128, |i, o| roundtrip::hadamard_fp4(i, o, x, *fp4));
+                    launch(&mut out, 128, |i, o| k::hadamard_fp4::hadamard_fp4(i, o, x, *fp4));
                     Value::F(out)
                 }
                 Op::RouterScores => {
                     let (x, n) = (f(0), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| moe::router_scores(i, o, x, n));
+                    launch(&mut out, n, |i, o| k::router_scores::router_scores(i, o, x, n));
                     Value::F(out)
                 }
                 Op::RouterBiased => {
                     let (x, b, n) = (f(0), vecf(1), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| moe::router_biased(i, o, x, &b, n));
+                    launch(&mut out, n, |i, o| k::router_biased::router_biased(i, o, x, &b, n));
                     Value::F(out)
                 }
                 Op::RouterHash { k } => {
@@ -328,25 +330,25 @@ impl<'a> Executor<'a> {
                         return Err(ExecError::Input(format!("token id {bad} is outside the hash table (size {vocab})")));
                     }
                     let mut out = vec![0i32; n_out];
-                    launch(&mut out, *k, |i, o| moe::router_hash(i, o, ids, &tbl, *k));
+                    launch(&mut out, *k, |i, o| k::router_hash::router_hash(i, o, ids, &tbl, *k));
                     Value::I(out)
                 }
                 Op::TopK { k } => {
                     let (x, n) = (f(0), last(0));
                     let mut out = vec![0i32; n_out];
-                    launch(&mut out, *k, |i, o| compress::top_k(i, o, x, n, *k));
+                    launch(&mut out, *k, |i, o| k::top_k::top_k(i, o, x, n, *k));
                     Value::I(out)
                 }
                 Op::RouterWeights { scale, normalize } => {
                     let (s, sel, n, k) = (f(0), iv(1), last(0), last(1));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, k, |i, o| moe::router_weights(i, o, s, sel, n, k, F::from_f32(*scale), *normalize));
+                    launch(&mut out, k, |i, o| k::router_weights::router_weights(i, o, s, sel, n, k, F::from_f32(*scale), *normalize));
                     Value::F(out)
                 }
                 Op::SwiGlu { clamp } => {
                     let (g_, u, n) = (f(0), f(1), last(0));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n, |i, o| moe::swiglu(i, o, g_, u, n, F::from_f32(*clamp)));
+                    launch(&mut out, n, |i, o| k::swiglu::swiglu(i, o, g_, u, n, F::from_f32(*clamp)));
                     Value::F(out)
                 }
                 Op::WindowKv { slot, window } => Value::F(slot_ops::window_kv(state, *slot, *window, f(0), last(0), bind, &node.label)?),
@@ -354,7 +356,7 @@ impl<'a> Executor<'a> {
                     let wd = *width;
                     let p = slot_ops::compress_gather(state, *slot, *ratio, *overlap, wd, f(0), f(1), &vecf(2), last(0), shape[0], bind, &node.label)?;
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, wd, |i, o| compress::compress_pool(i, o, &p.kv, &p.gate, p.slots, wd));
+                    launch(&mut out, wd, |i, o| k::compress_pool::compress_pool(i, o, &p.kv, &p.gate, p.slots, wd));
                     Value::F(out)
                 }
                 Op::RowCache { slot, ratio } => Value::F(slot_ops::row_cache(state, *slot, *ratio, f(0), last(0), bind, &node.label)?.to_vec()),
@@ -363,7 +365,7 @@ impl<'a> Executor<'a> {
                     let (qs, n_rows) = (in_shape(0), shape[1]);
                     let (heads, dk) = (qs[1], qs[2]);
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n_rows, |i, o| compress::indexer_scores(i, o, q, wt, rws, n_rows, heads, dk, bind.pos0, *ratio));
+                    launch(&mut out, n_rows, |i, o| k::indexer_scores::indexer_scores(i, o, q, wt, rws, n_rows, heads, dk, bind.pos0, *ratio));
                     Value::F(out)
                 }
                 Op::Attention { window, ratio, comp } => {
@@ -383,7 +385,7 @@ impl<'a> Executor<'a> {
                     let scale = F::one() / F::from_usize(hd).sqrt();
                     let mut out = zeros::<F>(n_out);
                     launch(&mut out, hd, |i, o| {
-                        attention::attention(i, o, q, win, comp_rows, sel, &sinks, heads, hd, bind.pos0, win_pos0, n_win, *window, n_comp, mode, *ratio, k_sel, scale)
+                        k::attention::attention(i, o, q, win, comp_rows, sel, &sinks, heads, hd, bind.pos0, win_pos0, n_win, *window, n_comp, mode, *ratio, k_sel, scale)
                     });
                     Value::F(out)
                 }

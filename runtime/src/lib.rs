@@ -1,5 +1,6 @@
 //! ds4-runtime: weights, the graph executor, per-session state, sessions and sampling.
 pub mod cuda;
+pub mod cpu_kernels;
 pub mod exec;
 pub mod sample;
 pub mod session;
