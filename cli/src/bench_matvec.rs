@@ -142,7 +142,8 @@ impl Case {
     fn new(ty: GgmlType, rows: usize, cols: usize, set_bytes: usize) -> Result<Case> {
         let row_bytes = ty
             .bytes_for(cols as u64)
-            .ok_or_else(|| anyhow!("{ty}: {cols} is not a whole number of blocks"))? as usize;
+            .ok_or_else(|| anyhow!("{ty}: {cols} is not a whole number of blocks"))?
+            as usize;
         let distinct = 64;
         let w = gaussian(distinct * cols, 5);
         let mut q = vec![0u8; distinct * row_bytes];
@@ -152,7 +153,14 @@ impl Case {
         let matrix = rows * row_bytes;
         let copies = set_bytes.div_ceil(matrix).max(2);
         let data: Vec<u8> = q.iter().copied().cycle().take(copies * matrix).collect();
-        Ok(Case { ty, rows, row_bytes, data, copies, x: gaussian(cols, 3) })
+        Ok(Case {
+            ty,
+            rows,
+            row_bytes,
+            data,
+            copies,
+            x: gaussian(cols, 3),
+        })
     }
 
     fn matrix(&self, c: usize) -> &[u8] {
@@ -162,7 +170,13 @@ impl Case {
 
     /// Seconds for one y = W·x over every copy, as the runtime computes it.
     fn pass(&self, parallel: bool, fast: bool, y: &mut [f32]) -> f64 {
-        let clock = || if parallel { wall_seconds() } else { thread_cpu_seconds() };
+        let clock = || {
+            if parallel {
+                wall_seconds()
+            } else {
+                thread_cpu_seconds()
+            }
+        };
         let t0 = clock();
         for c in 0..self.copies {
             let w = self.matrix(c);
@@ -184,7 +198,9 @@ impl Case {
     fn gbs(&self, parallel: bool, fast: bool, passes: usize) -> f64 {
         let mut y = vec![0f32; self.rows];
         self.pass(parallel, fast, &mut y); // warm-up: page faults, thread pool
-        let t = (0..passes).map(|_| self.pass(parallel, fast, &mut y)).fold(f64::INFINITY, f64::min);
+        let t = (0..passes)
+            .map(|_| self.pass(parallel, fast, &mut y))
+            .fold(f64::INFINITY, f64::min);
         std::hint::black_box(&y);
         self.data.len() as f64 / t / 1e9
     }
@@ -192,14 +208,22 @@ impl Case {
 
 /// y[r] = dot(row r) for every row, on this thread or split over the pool in chunks of
 /// rows (small enough to balance two to many threads, large enough to amortise the task).
-fn run_rows(w: &[u8], row_bytes: usize, y: &mut [f32], parallel: bool, dot: impl Fn(&[u8]) -> f32 + Sync) {
+fn run_rows(
+    w: &[u8],
+    row_bytes: usize,
+    y: &mut [f32],
+    parallel: bool,
+    dot: impl Fn(&[u8]) -> f32 + Sync,
+) {
     const CHUNK: usize = 64;
     if parallel {
-        y.par_chunks_mut(CHUNK).zip(w.par_chunks(CHUNK * row_bytes)).for_each(|(ys, ws)| {
-            for (o, r) in ys.iter_mut().zip(ws.chunks_exact(row_bytes)) {
-                *o = dot(r);
-            }
-        });
+        y.par_chunks_mut(CHUNK)
+            .zip(w.par_chunks(CHUNK * row_bytes))
+            .for_each(|(ys, ws)| {
+                for (o, r) in ys.iter_mut().zip(ws.chunks_exact(row_bytes)) {
+                    *o = dot(r);
+                }
+            });
     } else {
         for (o, r) in y.iter_mut().zip(w.chunks_exact(row_bytes)) {
             *o = dot(r);
@@ -213,7 +237,8 @@ fn selected_types(types: Option<&str>) -> Result<Vec<GgmlType>> {
         Some(list) => list
             .split(',')
             .map(|n| {
-                let t = GgmlType::from_name(n.trim()).ok_or_else(|| anyhow!("unknown type '{n}'"))?;
+                let t =
+                    GgmlType::from_name(n.trim()).ok_or_else(|| anyhow!("unknown type '{n}'"))?;
                 if quant::supported().contains(&t) {
                     Ok(t)
                 } else {
@@ -231,15 +256,20 @@ pub fn run(o: MatvecOpts) -> Result<()> {
     let types = selected_types(o.types.as_deref())?;
     let threads = rayon::current_num_threads();
     let set = o.set_mib << 20;
-    let (copy, read) = memory_bandwidth(set.max(256 << 20), o.passes);
+    let (copy, read) = memory_bandwidth(set.max(256 << 20), o.passes.max(5));
     println!(
         "threads: {threads}; distinct matrix data per measurement: {} MiB; best of {} passes; 1T: thread CPU time, {threads}T: wall time",
         o.set_mib, o.passes
     );
     println!("copy bandwidth (all threads, read + write): {copy:.1} GB/s; read bandwidth: {read:.1} GB/s");
-    println!("SIMD level of the generated kernels: {}", quant::simd_level());
+    println!(
+        "SIMD level of the generated kernels: {}",
+        quant::simd_level()
+    );
     println!();
-    let mut header = "| type | shape | bytes/matrix | exact 1T GB/s | exact {T}T GB/s | % of copy |".replace("{T}", &threads.to_string());
+    let mut header =
+        "| type | shape | bytes/matrix | exact 1T GB/s | exact {T}T GB/s | % of copy |"
+            .replace("{T}", &threads.to_string());
     let mut rule = "|---|---|---|---|---|---|".to_string();
     if o.fast {
         header += &format!(" fast 1T GB/s | fast {threads}T GB/s | % of copy |");

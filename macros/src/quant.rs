@@ -19,7 +19,9 @@
 //! }
 //! ```
 //! The parts: this file parses the declaration and checks the layout; `check` types the
-//! expression; `range` proves indices in bounds; `emit_ir` and `emit_cpu` write the code.
+//! expression; `range` proves indices in bounds; `emit_ir` and `emit_cpu` write the code,
+//! `emit_cpu` through `emit_dot` for the dot products, which use the value in the factored
+//! form that `factor` finds (sub-block scale × element term + sub-block offset).
 
 mod check;
 mod emit_cpu;
@@ -328,6 +330,29 @@ mod tests {
         .to_string();
         assert!(out.contains("pub static SPEC"), "{out}");
         assert!(out.contains("pub fn dot_row"), "{out}");
+    }
+
+    #[test]
+    fn integer_element_terms_get_a_fast_kernel() {
+        // q as f32 times a block scale: an int8 element term, so a `dot_row_q8`.
+        let out = expand(quote! {
+            ggml: Q8_0, block: 32,
+            layout { d: f16 @ 0, qs: [i8; 32] @ 2 }
+            dequant(s, j) { (qs[j] as f32) * (d as f32) }
+        })
+        .unwrap()
+        .to_string();
+        assert!(out.contains("dot_row_q8 : Some (dot_row_q8)"), "{out}");
+        // A float element term (here the raw f32 value) has none.
+        let out = expand(quote! {
+            ggml: Q8_0, block: 32,
+            layout { d: f16 @ 0, qs: [i8; 32] @ 2 }
+            tables { T: [f32; 256] }
+            dequant(s, j) { T[(qs[j] as u8) as u32] * (d as f32) }
+        })
+        .unwrap()
+        .to_string();
+        assert!(out.contains("dot_row_q8 : None"), "{out}");
     }
 
     #[test]

@@ -45,7 +45,10 @@ impl QuantActs {
             return; // only the exact path
         }
         self.q.resize(x.len(), 0);
-        for (xb, qb) in x.chunks_exact(ACT_BLOCK).zip(self.q.chunks_exact_mut(ACT_BLOCK)) {
+        for (xb, qb) in x
+            .chunks_exact(ACT_BLOCK)
+            .zip(self.q.chunks_exact_mut(ACT_BLOCK))
+        {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -81,7 +84,11 @@ impl QuantActs {
         if self.q.is_empty() {
             return self.x.clone();
         }
-        self.q.iter().enumerate().map(|(i, &q)| self.d[i / ACT_BLOCK] * q as f32).collect()
+        self.q
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| self.d[i / ACT_BLOCK] * q as f32)
+            .collect()
     }
 
     /// Whether the values are quantized (their count is a whole number of blocks).
@@ -185,8 +192,16 @@ mod tests {
                 let rb = q.len() / rows;
                 for r in 0..rows {
                     let w = &deq[r * cols..(r + 1) * cols];
-                    let want = if has_fast_kernel(t) { dot64(w, &xh) } else { dot64(w, &x) };
-                    let scale: f64 = w.iter().zip(&xh).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+                    let want = if has_fast_kernel(t) {
+                        dot64(w, &xh)
+                    } else {
+                        dot64(w, &x)
+                    };
+                    let scale: f64 = w
+                        .iter()
+                        .zip(&xh)
+                        .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                        .sum();
                     let got = dot_row_fast(t, &q[r * rb..(r + 1) * rb], &a).unwrap() as f64;
                     assert!(
                         (got - want).abs() <= 1e-5 * scale,
@@ -211,9 +226,16 @@ mod tests {
                 for r in 0..rows {
                     let w = &deq[r * cols..(r + 1) * cols];
                     let want = dot64(w, &x);
-                    let scale: f64 = w.iter().zip(&x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+                    let scale: f64 = w
+                        .iter()
+                        .zip(&x)
+                        .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                        .sum();
                     let got = dot_row(t, &q[r * rb..(r + 1) * rb], &x).unwrap() as f64;
-                    assert!((got - want).abs() <= 1e-5 * scale, "{t} (avx2: {avx2}) row {r}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() <= 1e-5 * scale,
+                        "{t} (avx2: {avx2}) row {r}: {got} vs {want}"
+                    );
                 }
             }
         }
@@ -231,7 +253,10 @@ mod tests {
         assert!(dot_row_fast(GgmlType::Q4K, &q, &short).is_err());
         let (f, _) = matrix(GgmlType::F32, 1, 40, 3);
         let odd = quantize_activations(&gaussian(40, 4));
-        assert_eq!(dot_row_fast(GgmlType::F32, &f, &odd).unwrap(), dot_row(GgmlType::F32, &f, odd.exact()).unwrap());
+        assert_eq!(
+            dot_row_fast(GgmlType::F32, &f, &odd).unwrap(),
+            dot_row(GgmlType::F32, &f, odd.exact()).unwrap()
+        );
     }
 
     /// The fast path's error against the exact path on Gaussian data, per type: printed
@@ -245,7 +270,9 @@ mod tests {
             let (q, _) = matrix(t, rows, cols, 23);
             let rb = q.len() / rows;
             let (mut num, mut den, mut worst) = (0f64, 0f64, 0f64);
-            let exact: Vec<f64> = (0..rows).map(|r| dot_row(t, &q[r * rb..(r + 1) * rb], &x).unwrap() as f64).collect();
+            let exact: Vec<f64> = (0..rows)
+                .map(|r| dot_row(t, &q[r * rb..(r + 1) * rb], &x).unwrap() as f64)
+                .collect();
             let ystd = (exact.iter().map(|y| y * y).sum::<f64>() / rows as f64).sqrt();
             for (r, &e) in exact.iter().enumerate() {
                 let f = dot_row_fast(t, &q[r * rb..(r + 1) * rb], &a).unwrap() as f64;
@@ -275,14 +302,19 @@ mod tests {
             const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
             let mut ts = Timespec { sec: 0, nsec: 0 };
             // SAFETY: clock_gettime writes one timespec through a valid pointer.
-            assert_eq!(unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) }, 0);
+            assert_eq!(
+                unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+                0
+            );
             ts.sec as f64 + ts.nsec as f64 * 1e-9
         }
         #[cfg(not(target_os = "linux"))]
         {
             use std::sync::OnceLock;
             static T0: OnceLock<std::time::Instant> = OnceLock::new();
-            T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+            T0.get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_secs_f64()
         }
     }
 
@@ -301,7 +333,12 @@ mod tests {
             eprintln!("{}", rt::simd_level());
             for &t in supported() {
                 let (q0, _) = matrix(t, 32, cols, 5);
-                let m: Vec<u8> = q0.iter().copied().cycle().take(q0.len() / 32 * rows).collect();
+                let m: Vec<u8> = q0
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(q0.len() / 32 * rows)
+                    .collect();
                 let rb = m.len() / rows;
                 let time = |f: &dyn Fn(&[u8]) -> f32| {
                     let mut best = f64::INFINITY;

@@ -46,7 +46,22 @@ pub enum QuantError {
 /// the row functions directly in a hot loop. Those functions assume checked lengths (see
 /// [`CpuQuant`]); prefer the checked functions below unless the lengths are known good.
 pub fn cpu(t: GgmlType) -> Option<&'static CpuQuant> {
-    REGISTRY.iter().copied().find(|q| q.spec.ggml == t)
+    // Indexed by the enum's discriminant: the matmuls look the type up once per row.
+    static BY_TYPE: std::sync::OnceLock<Vec<Option<&'static CpuQuant>>> =
+        std::sync::OnceLock::new();
+    let table = BY_TYPE.get_or_init(|| {
+        let n = REGISTRY
+            .iter()
+            .map(|q| q.spec.ggml as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut v = vec![None; n];
+        for &q in REGISTRY {
+            v[q.spec.ggml as usize] = Some(q);
+        }
+        v
+    });
+    table.get(t as usize).copied().flatten()
 }
 
 pub(super) fn find(t: GgmlType) -> Result<&'static CpuQuant, QuantError> {

@@ -4,9 +4,14 @@
 //! block size, the block's byte layout, and the de-quantization of one element as an
 //! expression (plus, optionally, a quantizer). From it the macro derives
 //! - `SPEC`, a [`QuantSpec`]: layout + expression tree, for the GPU code generators;
-//! - the CPU code: `dequantize_block`, the fused `dot_block`, row functions, and the
-//!   quantizer's `Block` struct;
+//! - the CPU code: `dequantize_block`, the fused dot products (exact: `dot_row`, f32
+//!   activations; fast: `dot_row_q8`, int8 activations, where the element term is a small
+//!   integer), row functions, and the quantizer's `Block` struct. The dot products exist
+//!   in two variants from the same source, the baseline target's and x86-64 AVX2 + FMA,
+//!   picked at run time;
 //! - `CPU`, the entry the registry below collects.
+//!
+//! The fast path (`quantize_activations`, `dot_row_fast`) is described in `acts`.
 //!
 //! There is no other per-type code: adding a type is one file and one registry line
 //! (see docs/adding-a-quant-type.md).

@@ -1,7 +1,8 @@
 //! Run-time support for the CPU code that `quant_type!` generates. Nothing here knows any
 //! quant type: little-endian loads at offsets the macro has proven in bounds, the f16 to
-//! f32 conversion in a form LLVM vectorizes, the lane reduction, and `CpuQuant`, the
-//! function table each declaration exports to the registry.
+//! f32 conversion in a form LLVM vectorizes, the lane reduction, the multiply-add and the
+//! 32-byte integer dot product of both kernel variants, the run-time choice between the
+//! variants, and `CpuQuant`, the function table each declaration exports to the registry.
 
 use super::spec::QuantSpec;
 
@@ -82,8 +83,44 @@ pub fn f16_to_f32(h: u16) -> f32 {
     let em = h & 0x7fff;
     let finite = f32::from_bits(em << 13) * f32::from_bits(POW2_112);
     let inf_nan = f32::from_bits((em << 13) | 0x7f80_0000);
-    let mag = if em >= 0x7c00 { inf_nan } else { finite };
+    // A signed compare (em < 2^15): SSE2 has no unsigned one.
+    let mag = if (em as i32) >= 0x7c00 {
+        inf_nan
+    } else {
+        finite
+    };
     f32::from_bits(mag.to_bits() | sign)
+}
+
+/// [`f16_to_f32`], or with `F16C` the x86 conversion instruction (`vcvtph2ps`: also exact,
+/// one instruction instead of a dozen), in a form LLVM vectorizes: for values converted
+/// lane by lane (F16 rows), it becomes one `vcvtph2ps` per 8. The generated code passes
+/// `F16C` = true only in its AVX2 variant, which runs only where the CPU has F16C.
+#[doc(hidden)]
+#[inline(always)]
+pub fn f16_to_f32_lanes<const F16C: bool>(h: u16) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        // SAFETY: F16C is checked at run time before the AVX2 variant runs (`avx2_fma`).
+        return unsafe { x86::f16_to_f32(h) };
+    }
+    f16_to_f32(h)
+}
+
+/// As [`f16_to_f32_lanes`], for single values (a block's scale). The intrinsic form, used
+/// on one value, lets LLVM insert the value into whatever register holds garbage in the
+/// unused lanes, which is often an accumulator: the conversion then waits for the
+/// accumulator's last multiply-add every block (Q8_0's dot product ran at half speed).
+/// This form moves the value into a fresh register first.
+#[doc(hidden)]
+#[inline(always)]
+pub fn f16_to_f32_scalar<const F16C: bool>(h: u16) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        // SAFETY: as above.
+        return unsafe { x86::f16_to_f32_fresh(h) };
+    }
+    f16_to_f32(h)
 }
 
 /// f32 to binary16 bits, round to nearest even (overflow to infinity).
@@ -109,7 +146,7 @@ pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Whether the generated kernels may use their AVX2 + FMA variant: the CPU has both, and
+/// Whether the generated kernels may use their AVX2 + FMA (+ F16C) variant: the CPU has them, and
 /// `DS4_SIMD=portable` is not set (to measure or test the portable variant on a machine
 /// with AVX2). Detected once, then one relaxed load per call.
 #[cfg(target_arch = "x86_64")]
@@ -117,7 +154,8 @@ pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 pub fn avx2_fma() -> bool {
     match SIMD_LEVEL.load(Ordering::Relaxed) {
         0 => {
-            let yes = std::env::var_os("DS4_SIMD").is_none_or(|v| v != "portable") && cpu_has_avx2_fma();
+            let yes =
+                std::env::var_os("DS4_SIMD").is_none_or(|v| v != "portable") && cpu_has_avx2_fma();
             SIMD_LEVEL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
             yes
         }
@@ -132,7 +170,9 @@ static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0);
 
 #[cfg(target_arch = "x86_64")]
 fn cpu_has_avx2_fma() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 /// Switch between the kernel variants (tests and benchmarks: both variants in one
@@ -185,7 +225,7 @@ pub unsafe fn dot32_u8<const AVX2: bool>(e: &[u8; 32], x: &[i8; 32]) -> [i32; 8]
             // SAFETY: the caller guarantees AVX2.
             return unsafe { x86::dot32_u8(e, x) };
         }
-        x86::dot32_sse2::<false>(e.map(|v| v as i8), x)
+        x86::dot32_sse2::<false>(e, x)
     }
     #[cfg(not(target_arch = "x86_64"))]
     dot32_scalar(e, x)
@@ -218,7 +258,8 @@ pub unsafe fn dot32_i8<const AVX2: bool>(e: &[i8; 32], x: &[i8; 32]) -> [i32; 8]
             // SAFETY: the caller guarantees AVX2.
             return unsafe { x86::dot32_i8(e, x) };
         }
-        x86::dot32_sse2::<true>(*e, x)
+        // SAFETY: [i8; 32] and [u8; 32] have the same layout; the bytes are reinterpreted.
+        x86::dot32_sse2::<true>(unsafe { &*(e as *const [i8; 32]).cast::<[u8; 32]>() }, x)
     }
     #[cfg(not(target_arch = "x86_64"))]
     dot32_scalar(e, x)
@@ -231,11 +272,35 @@ pub unsafe fn dot32_i8<const AVX2: bool>(e: &[i8; 32], x: &[i8; 32]) -> [i32; 8]
 mod x86 {
     use core::arch::x86_64::*;
 
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    pub fn f16_to_f32(h: u16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    pub fn f16_to_f32_fresh(h: u16) -> f32 {
+        let out: __m128;
+        // SAFETY: two register-only instructions (F16C is enabled here); `vmovd` writes
+        // the whole register, so nothing depends on its previous contents.
+        unsafe {
+            core::arch::asm!(
+                "vmovd {v}, {h:e}",
+                "vcvtph2ps {v}, {v}",
+                h = in(reg) h as u32,
+                v = out(xmm_reg) out,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        _mm_cvtss_f32(out)
+    }
+
     /// The baseline (SSE2) form: bytes widened to i16 (`e` as unsigned or signed), then
     /// `pmaddwd` gives the sums of adjacent pairs, and adding adjacent pair sums (gathered
     /// by two shuffles) gives the sums of four.
     #[inline(always)]
-    pub fn dot32_sse2<const SIGNED_E: bool>(e: [i8; 32], x: &[i8; 32]) -> [i32; 8] {
+    pub fn dot32_sse2<const SIGNED_E: bool>(e: &[u8; 32], x: &[i8; 32]) -> [i32; 8] {
         // SAFETY: SSE2 is part of the x86-64 baseline; the loads read 16 bytes from
         // 32-byte arrays at offsets 0 and 16.
         unsafe {
@@ -245,7 +310,11 @@ mod x86 {
                 let ev = _mm_loadu_si128(e.as_ptr().add(16 * h).cast());
                 let xv = _mm_loadu_si128(x.as_ptr().add(16 * h).cast());
                 // High bytes of the widened values: zero, or the sign (all ones if < 0).
-                let eh = if SIGNED_E { _mm_cmpgt_epi8(zero, ev) } else { zero };
+                let eh = if SIGNED_E {
+                    _mm_cmpgt_epi8(zero, ev)
+                } else {
+                    zero
+                };
                 let xh = _mm_cmpgt_epi8(zero, xv);
                 let lo = _mm_madd_epi16(_mm_unpacklo_epi8(ev, eh), _mm_unpacklo_epi8(xv, xh));
                 let hi = _mm_madd_epi16(_mm_unpackhi_epi8(ev, eh), _mm_unpackhi_epi8(xv, xh));
@@ -262,7 +331,12 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     pub fn dot32_u8(e: &[u8; 32], x: &[i8; 32]) -> [i32; 8] {
         // SAFETY: 32-byte unaligned loads from 32-byte arrays.
-        let (ev, xv) = unsafe { (_mm256_loadu_si256(e.as_ptr().cast()), _mm256_loadu_si256(x.as_ptr().cast())) };
+        let (ev, xv) = unsafe {
+            (
+                _mm256_loadu_si256(e.as_ptr().cast()),
+                _mm256_loadu_si256(x.as_ptr().cast()),
+            )
+        };
         let pairs = _mm256_maddubs_epi16(ev, xv);
         // SAFETY: __m256i and [i32; 8] have the same size, and every bit pattern is valid.
         unsafe { core::mem::transmute(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))) }
@@ -273,7 +347,12 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     pub fn dot32_i8(e: &[i8; 32], x: &[i8; 32]) -> [i32; 8] {
         // SAFETY: 32-byte unaligned loads from 32-byte arrays.
-        let (ev, xv) = unsafe { (_mm256_loadu_si256(e.as_ptr().cast()), _mm256_loadu_si256(x.as_ptr().cast())) };
+        let (ev, xv) = unsafe {
+            (
+                _mm256_loadu_si256(e.as_ptr().cast()),
+                _mm256_loadu_si256(x.as_ptr().cast()),
+            )
+        };
         // |-128| is 128 as an unsigned byte: still exact.
         let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(ev, ev), _mm256_sign_epi8(xv, ev));
         // SAFETY: as above.
@@ -282,22 +361,50 @@ mod x86 {
 }
 
 /// Sum of the accumulator lanes, pairwise in a fixed order (deterministic, and a little more
-/// accurate than a running sum).
-#[inline]
+/// accurate than a running sum): lane i is added to lane i + ⌈n/2⌉, halving n until one
+/// is left. Iterative, on a copy: it runs once per row, where the recursion it replaced
+/// cost as much as a block of a 2048-value row. Not inlined: inlined, it lets LLVM see the
+/// row's accumulators as reductions and vectorize the loop over blocks instead of the
+/// blocks' own lanes, four times slower.
+#[inline(never)]
 pub fn sum_lanes(v: &[f32]) -> f32 {
-    match v.len() {
-        0 => 0.0,
-        1 => v[0],
-        n => {
-            let (a, b) = v.split_at(n / 2);
-            sum_lanes(a) + sum_lanes(b)
-        }
+    const MAX: usize = 64;
+    if v.len() > MAX {
+        let (a, b) = v.split_at(v.len() / 2);
+        return sum_lanes(a) + sum_lanes(b);
     }
+    let mut b = [0f32; MAX];
+    b[..v.len()].copy_from_slice(v);
+    let mut n = v.len();
+    while n > 1 {
+        let h = n / 2;
+        for i in 0..h {
+            b[i] += b[n - h + i];
+        }
+        n -= h;
+    }
+    b[0]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_f16_conversions_agree_on_every_non_nan_bit_pattern() {
+        if !select_avx2_fma(true) {
+            return; // no F16C here: only the portable conversion runs
+        }
+        for h in 0..=u16::MAX {
+            let b = f16_to_f32(h);
+            for a in [f16_to_f32_lanes::<true>(h), f16_to_f32_scalar::<true>(h)] {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{h:#06x}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn f16_conversion_is_exact_for_every_bit_pattern() {

@@ -1,7 +1,7 @@
-//! Emit the CPU code of a quant type: the quantizer's `Block` struct, and de-quantization
-//! and the fused de-quantize-and-dot, both from the same typed expression tree.
+//! Emit the CPU code of a quant type: the quantizer's `Block` struct, the de-quantization,
+//! and (through `emit_dot`) the dot products, all from the same typed expression tree.
 //!
-//! Shape of the generated code (one `#[inline(always)]` walker, two users):
+//! Shape of the de-quantization (an `#[inline(always)]` walker):
 //! ```text
 //! for_each_group(block, f):
 //!     block-level lets                      (scales of the whole block)
@@ -11,18 +11,16 @@
 //!             v = [f32; W]; for l in 0..W { j = g*W + l; element lets; v[l] = value }
 //!             f(group index, &v)
 //! ```
-//! `dequantize_block` stores each group, `dot` multiplies it with `x` into W independent
-//! f32 accumulators. A fixed number of lanes (rather than one running sum) is what lets
-//! LLVM vectorize the loop without reassociating float additions; the lanes are summed
-//! pairwise at the end of the row. Types with one-element blocks (F32, F16, BF16) process
-//! `LANES` blocks per step, each block feeding its own accumulator.
+//! `dequantize_block` stores each group. The value is computed in the declared operation
+//! order, so de-quantization is bit-exact; the dot products (`emit_dot`) use a factored
+//! form of the same expression instead.
 
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
 use super::check::{BinOp, Kind, Level, TExpr, UnOp};
-use super::ty::Ty;
 use super::emit_dot;
+use super::ty::Ty;
 use super::Decl;
 
 pub(super) fn gcd(a: usize, b: usize) -> usize {
@@ -116,7 +114,11 @@ pub(super) fn expr(e: &TExpr, d: &Decl) -> TokenStream {
             let a = expr(a, d);
             match (from, e.ty) {
                 (f, t) if f == t => a,
-                (Ty::F16, Ty::F32) => quote!(#rt::f16_to_f32(#a)),
+                // `AVX2` and `__f16` are in scope of all generated code: AVX2 is true in the
+                // AVX2 variant of the dot products (F16C's conversion instruction), and
+                // `__f16` is the conversion for lanes (one-element types) or for single
+                // values (block scales): `rt::f16_to_f32_lanes` / `_scalar`.
+                (Ty::F16, Ty::F32) => quote!(__f16::<AVX2>(#a)),
                 (Ty::F32, Ty::F16) => quote!(#rt::f32_to_f16(#a)),
                 (_, t) => {
                     let t = t.rust();
@@ -316,6 +318,8 @@ pub fn cpu(d: &Decl, value: &TExpr) -> TokenStream {
         #[inline(always)]
         #[allow(unused_variables, clippy::all)]
         fn __for_each_group(__b: &[u8; #bytes], mut __f: impl FnMut(usize, &[f32; #w])) {
+            const AVX2: bool = false;
+            use ds4_ir::quant::rt::f16_to_f32_lanes as __f16;
             #block_lets
             for __s in 0..#nsub {
                 #sub_lets

@@ -35,8 +35,8 @@ use super::Decl;
 /// for the 16-value sub-blocks of Q2_K and Q6_K.
 const DOT_LANES: usize = 8;
 
-/// Blocks per step for one-element types (F32, F16, BF16): four AVX registers of
-/// accumulators, each lane its own block.
+/// Blocks per step for one-element types (F32, F16, BF16), each lane its own block and
+/// accumulator: four AVX registers of accumulators.
 const SINGLE_STEP: usize = 32;
 
 /// Activation block of the fast path (one f32 scale per this many int8 values), and the
@@ -59,18 +59,23 @@ fn product(factors: &[&TExpr], d: &Decl) -> TokenStream {
 /// for each target, `rt::madd::<FMA>` becomes a fused multiply-add only where FMA exists
 /// (aarch64 has it in its baseline), and `rt::dot32_*::<AVX2>` uses the AVX2 byte
 /// multiply-adds.
-fn dispatch(public: TokenStream, generic: TokenStream, args: TokenStream, call: TokenStream) -> TokenStream {
+fn dispatch(
+    public: TokenStream,
+    generic: TokenStream,
+    args: TokenStream,
+    call: TokenStream,
+) -> TokenStream {
     let rt = quote!(ds4_ir::quant::rt);
     quote! {
         #public(#args) -> f32 {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = "avx2,fma,f16c")]
                 fn avx2(#args) -> f32 {
                     #generic::<true, true>(#call)
                 }
                 if #rt::avx2_fma() {
-                    // SAFETY: the CPU supports AVX2 and FMA (checked at run time, once).
+                    // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time, once).
                     return unsafe { avx2(#call) };
                 }
             }
@@ -88,12 +93,12 @@ fn dispatch(public: TokenStream, generic: TokenStream, args: TokenStream, call: 
 fn call_sub_scales(d: &Decl) -> TokenStream {
     if d.block / d.sub_block >= 4 {
         quote! {
-            let mut __ss = __sub_scales(__b);
+            let mut __ss = __sub_scales::<AVX2>(__b);
             core::hint::black_box(&mut __ss);
             let (__sa, __so) = &__ss;
         }
     } else {
-        quote!(let (__sa, __so) = __sub_scales(__b);)
+        quote!(let (__sa, __so) = __sub_scales::<AVX2>(__b);)
     }
 }
 
@@ -120,7 +125,8 @@ fn sub_scales(d: &Decl, f: &Factored) -> TokenStream {
         /// macro's `factor`).
         #[inline(always)]
         #[allow(unused_variables, clippy::all)]
-        fn __sub_scales(__b: &[u8; #bytes]) -> ([f32; #nsub], [f32; #nsub]) {
+        fn __sub_scales<const AVX2: bool>(__b: &[u8; #bytes]) -> ([f32; #nsub], [f32; #nsub]) {
+            use ds4_ir::quant::rt::f16_to_f32_scalar as __f16;
             #block_lets
             let mut __sa = [0f32; #nsub];
             let mut __so = [0f32; #nsub];
@@ -142,9 +148,26 @@ fn dot_exact(d: &Decl, f: &Factored) -> TokenStream {
     let nsub = (n / sub) as u32;
     let w = gcd(sub, DOT_LANES);
     let (groups, w32) = ((sub / w) as u32, w as u32);
-    let elem = product(&f.elem, d);
     let sub_lets = lets_at(d, Level::Sub);
     let elem_lets = lets_at(d, Level::Elem);
+    // Where the element term is a small integer, the sub-block's terms are first computed
+    // as bytes, in a loop of their own (byte operations, 16 or 32 per vector: MXFP4's
+    // decoding selects vectorize there, not next to the f32 products), then widened to f32
+    // as the products need them.
+    let (unpack, elem_lets, elem) = match int_elem_bytes(f, d) {
+        Some((ety, e)) => (
+            quote! {
+                let mut __e = [0 as #ety; #sub];
+                for __j in 0..#sub as u32 {
+                    #elem_lets
+                    __e[__j as usize] = #e;
+                }
+            },
+            quote!(),
+            quote!((__e[__j as usize] as f32)),
+        ),
+        None => (quote!(), elem_lets, product(&f.elem, d)),
+    };
     let sum_x = f.offset.map(|_| quote!(__sx[__l as usize] += __xv;));
     let fold_offset = f.offset.map(|_| {
         quote! {
@@ -169,6 +192,7 @@ fn dot_exact(d: &Decl, f: &Factored) -> TokenStream {
             // first addition.
             let mut __q = [-0f32; #w];
             let mut __sx = [-0f32; #w];
+            #unpack
             for __g in 0..#groups {
                 for __l in 0..#w32 {
                     let __j: u32 = __g * #w32 + __l;
@@ -190,6 +214,8 @@ fn dot_exact(d: &Decl, f: &Factored) -> TokenStream {
         #[inline(always)]
         #[allow(unused_variables, unused_mut, clippy::all)]
         fn __dot<const FMA: bool, const AVX2: bool>(src: &[u8], x: &[f32]) -> f32 {
+            // Block and sub-block values (no current type has f16 element values).
+            use ds4_ir::quant::rt::f16_to_f32_scalar as __f16;
             let (__bs, _) = src.as_chunks::<#bytes>();
             let (__xs, _) = x.as_chunks::<#n>();
             // Six sets of accumulators (scale terms of sub-blocks by s mod 4, offset terms by
@@ -204,7 +230,12 @@ fn dot_exact(d: &Decl, f: &Factored) -> TokenStream {
             #rt::sum_lanes(__acc.as_flattened())
         }
     };
-    let dispatch = dispatch(quote!(pub fn dot_row), quote!(__dot), quote!(src: &[u8], x: &[f32]), quote!(src, x));
+    let dispatch = dispatch(
+        quote!(pub fn dot_row),
+        quote!(__dot),
+        quote!(src: &[u8], x: &[f32]),
+        quote!(src, x),
+    );
     quote! {
         #body
         /// Dot product of a row of whole blocks with `x`, without an intermediate buffer:
@@ -226,27 +257,39 @@ fn dot_single(d: &Decl, value: &TExpr) -> TokenStream {
         #[inline(always)]
         #[allow(unused_variables, clippy::all)]
         fn __dot<const FMA: bool, const AVX2: bool>(src: &[u8], x: &[f32]) -> f32 {
+            use ds4_ir::quant::rt::f16_to_f32_lanes as __f16;
             let (__bs, _) = src.as_chunks::<#bytes>();
             let __n = __bs.len().min(x.len());
             let (__bk, __br) = __bs[..__n].as_chunks::<#k>();
             let (__xk, __xr) = x[..__n].as_chunks::<#k>();
             let (__s, __j) = (0u32, 0u32);
-            let mut __acc = [0f32; #k];
+            // Groups of 8 blocks, group g into accumulator set g: the shape of the
+            // multi-block types' loop, which LLVM vectorizes for SSE2 and AVX2 alike (32
+            // independent lanes did not vectorize on SSE2).
+            let mut __acc = [[0f32; 8]; #k / 8];
             for (__bb, __xx) in __bk.iter().zip(__xk) {
-                for __l in 0..#k {
-                    let __b = &__bb[__l];
-                    #(#lets)*
-                    __acc[__l] = #rt::madd::<FMA>(#value, __xx[__l], __acc[__l]);
+                for __g in 0..#k / 8 {
+                    for __l in 0..8 {
+                        let __b = &__bb[__g * 8 + __l];
+                        #(#lets)*
+                        __acc[__g][__l] = #rt::madd::<FMA>(#value, __xx[__g * 8 + __l], __acc[__g][__l]);
+                    }
                 }
             }
+            let mut __tail = [0f32; #k];
             for (__l, (__b, __xv)) in __br.iter().zip(__xr).enumerate() {
                 #(#lets)*
-                __acc[__l] = #rt::madd::<FMA>(#value, *__xv, __acc[__l]);
+                __tail[__l] = #rt::madd::<FMA>(#value, *__xv, __tail[__l]);
             }
-            #rt::sum_lanes(&__acc)
+            #rt::sum_lanes(__acc.as_flattened()) + #rt::sum_lanes(&__tail)
         }
     };
-    let dispatch = dispatch(quote!(pub fn dot_row), quote!(__dot), quote!(src: &[u8], x: &[f32]), quote!(src, x));
+    let dispatch = dispatch(
+        quote!(pub fn dot_row),
+        quote!(__dot),
+        quote!(src: &[u8], x: &[f32]),
+        quote!(src, x),
+    );
     quote! {
         #body
         /// Dot product of a row of whole blocks with `x`, without an intermediate buffer.
@@ -265,6 +308,27 @@ fn int_range(ints: &[&TExpr]) -> Option<(i128, i128)> {
     Some(r)
 }
 
+/// The element term as a byte-sized integer expression, and its type (`u8` for
+/// `0..=127`, else `i8`), when it is a product of integers whose range fits a byte.
+fn int_elem_bytes(f: &Factored, d: &Decl) -> Option<(TokenStream, TokenStream)> {
+    let (ints, _) = f.int_elem()?;
+    let (lo, hi) = int_range(&ints)?;
+    let ety = if lo >= 0 && hi <= 127 {
+        quote!(u8)
+    } else if lo >= -128 && hi <= 127 {
+        quote!(i8)
+    } else {
+        return None;
+    };
+    let mut it = ints.iter().map(|f| {
+        let f = expr(f, d);
+        quote!(((#f) as i32))
+    });
+    let first = it.next().expect("the element term has a factor");
+    let prod = it.fold(first, |acc, f| quote!(#acc.wrapping_mul(#f)));
+    Some((ety.clone(), quote!((#prod as #ety))))
+}
+
 /// The fast dot product against int8 activations, when the declaration allows it: the
 /// element term is a product of integers that fits a byte (`0..=127`: unsigned form; else
 /// `-128..=127`: signed form), blocks are whole activation blocks, every 4 values share a
@@ -274,14 +338,11 @@ fn dot_q8(d: &Decl, f: &Factored) -> Option<TokenStream> {
     let rt = quote!(ds4_ir::quant::rt);
     let scales = call_sub_scales(d);
     let (n, bytes, sub) = (d.block, d.block_bytes, d.sub_block);
-    let (ints, _) = f.int_elem()?;
-    let (lo, hi) = int_range(&ints)?;
-    let (ety, dot32) = if lo >= 0 && hi <= 127 {
-        (quote!(u8), quote!(#rt::dot32_u8::<AVX2>))
-    } else if lo >= -128 && hi <= 127 {
-        (quote!(i8), quote!(#rt::dot32_i8::<AVX2>))
+    let (ety, e) = int_elem_bytes(f, d)?;
+    let dot32 = if ety.to_string() == "u8" {
+        quote!(#rt::dot32_u8::<AVX2>)
     } else {
-        return None;
+        quote!(#rt::dot32_i8::<AVX2>)
     };
     if !n.is_multiple_of(ACT_BLOCK) || !sub.is_multiple_of(4) {
         return None;
@@ -293,16 +354,6 @@ fn dot_q8(d: &Decl, f: &Factored) -> Option<TokenStream> {
     let nsub = n / sub;
     let sub_lets = lets_at(d, Level::Sub);
     let elem_lets = lets_at(d, Level::Elem);
-    // The element term as an integer, narrowed to the byte type (its range fits: checked).
-    let e = {
-        let mut it = ints.iter().map(|f| {
-            let f = expr(f, d);
-            quote!(((#f) as i32))
-        });
-        let first = it.next().expect("the element term has a factor");
-        let prod = it.fold(first, |acc, f| quote!(#acc.wrapping_mul(#f)));
-        quote!((#prod as #ety))
-    };
     let chunk_code = (0..chunks).map(|c| {
         // The values c*32 .. c*32+32, as runs of one sub-block each.
         let mut runs = vec![];
@@ -369,6 +420,7 @@ fn dot_q8(d: &Decl, f: &Factored) -> Option<TokenStream> {
         #[inline(always)]
         #[allow(unused_variables, unused_mut, clippy::all)]
         fn __dot_q8<const FMA: bool, const AVX2: bool>(src: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
+            use ds4_ir::quant::rt::f16_to_f32_scalar as __f16;
             let (__bs, _) = src.as_chunks::<#bytes>();
             let (__xqb, _) = xq.as_chunks::<#n>();
             let (__xdbs, _) = xd.as_chunks::<#nact>();

@@ -78,7 +78,15 @@ pub fn factor(value: &TExpr) -> Factored<'_> {
     let (scale, elem): (Vec<_>, Vec<_>) = factors.into_iter().partition(|f| uniform(f));
     if elem.is_empty() {
         // Nothing depends on j (a one-element block): no factoring.
-        return Factored { scale: vec![], elem: vec![value], offset: None };
+        return Factored {
+            scale: vec![],
+            elem: vec![value],
+            offset: None,
+        };
     }
-    Factored { scale, elem, offset }
+    Factored {
+        scale,
+        elem,
+        offset,
+    }
 }
