@@ -8,6 +8,14 @@
 #                                       # stripped into device-carry/ (git-ignored)
 #   scripts/gpu-check.sh                # on the device, with device-carry/ carried along
 # Logs go to $OUT (or /tmp/ds4-gpu-check).
+#
+# The full-size benchmark (DeepSeek-V4-Flash shapes) runs where the GPU has the memory
+# for it (the q2 file is 80.76 GiB: an H200), or where FULL=1 asks for it:
+#   - `ds4 bench --synthetic ds4-flash --recipe q2` (random weights made on the device);
+#   - the peer's file: ../shared/tools/mksynth.py writes it on the device (sparse), and
+#     `ds4 bench --model` loads it through the normal loader.
+# FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43) and ONLY=full (skip the
+# kernel and tiny-model checks) tune it.
 set -u
 
 CARRY=${CARRY:-device-carry}
@@ -30,6 +38,13 @@ if [ "${1:-}" = "--prepare" ]; then
         mkdir -p "$CARRY/golden/models/$m"
         cp "$GOLDEN/models/$m/"{model.gguf,reference.json,reference.safetensors,reference_plain.safetensors} "$CARRY/golden/models/$m/"
     done
+    # The full-size benchmark's file generator, its tokenizer and the `gguf` package it
+    # imports (a wheel: the device has no network; numpy, pyyaml, tqdm are there).
+    cp ../shared/tools/mksynth.py "$CARRY/"
+    cp model/assets/tokenizer.gguf "$CARRY/"
+    mkdir -p "$CARRY/whl"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform any -d "$CARRY/whl" gguf==0.19.0
     du -sh "$CARRY"
     exit 0
 fi
@@ -41,6 +56,36 @@ export DS4_GOLDEN_DIR=$PWD/$CARRY/golden
 M=$CARRY/golden/models
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u +%Y-%m-%dT%H:%MZ; } > "$OUT/device.txt" 2>&1
+
+# The full-size benchmark: see the header.
+full_bench() {
+    local mem_mib
+    mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    if [ "${FULL:-auto}" = 0 ] || { [ "${FULL:-auto}" = auto ] && [ "${mem_mib:-0}" -lt 100000 ]; }; then
+        echo "full-size bench: skipped (GPU memory ${mem_mib} MiB; FULL=1 forces it)"
+        return 0
+    fi
+    local P=${FULL_PREFILL:-2048} G=${FULL_GEN:-32} L=${FULL_LAYERS:-43} rc=0
+    echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L (prefill $P, gen $G)"
+    DS4_PROFILE=${DS4_PROFILE:-0} timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
+        --prefill $P --chunk $P --gen $G || { echo "synthetic bench failed: exit $?"; rc=1; }
+    if [ "${FULL_FILE:-1}" = 1 ]; then
+        local F=${SYNTH:-/tmp/ds4-synth-q2.gguf} t0
+        t0=$(date +%s)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$CARRY"/whl/*.whl
+        PYTHONPATH=/tmp/site python3 "$CARRY/mksynth.py" "$F" --tokenizer "$CARRY/tokenizer.gguf" --layers $L || rc=1
+        echo "mksynth: $(( $(date +%s) - t0 )) s; on disk: $(du -h "$F" | cut -f1), apparent $(du -h --apparent-size "$F" | cut -f1)"
+        echo "== ds4 bench --model mksynth q2 (prefill $P, gen $G)"
+        DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --model "$F" --prefill $P --chunk $P --gen $G || rc=1
+        rm -f "$F"
+    fi
+    return $rc
+}
+
+if [ "${ONLY:-}" = full ]; then
+    full_bench 2>&1 | tee "$OUT/full.log"
+    exit "${PIPESTATUS[0]}"
+fi
 
 "$CARRY/cuda_kernels" --nocapture --test-threads=1 > "$OUT/kernels.log" 2>&1; rc_kernels=$?
 "$CARRY/cuda_golden" --nocapture --test-threads=1 > "$OUT/golden.log" 2>&1; rc_golden=$?
@@ -66,6 +111,8 @@ cp "$OUT/gen/manifest.json" "$OUT/manifest.json" 2>/dev/null; rm -rf "$OUT/gen"
     done
 } > "$OUT/bench.log" 2>&1; rc_bench=$?
 
+full_bench > "$OUT/full.log" 2>&1; rc_full=$?
+
 status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
 {
     echo
@@ -75,10 +122,12 @@ status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
     grep -E "dequant_rows bit-exact" "$OUT/kernels.log"
     grep -oE "(cuda tiny|cpu vs cuda).*" "$OUT/golden.log"
     grep -E "^== |^[0-9]+," "$OUT/bench.log"
+    grep -E "^== |^[0-9]+,|^ds4 bench: |^mksynth|skipped" "$OUT/full.log"
     echo "-----------------------------------------------------------------"
     printf "%-28s %s\n" "kernel parity (cuda_kernels)" "$(status $rc_kernels)" \
         "tiny models (cuda_golden)" "$(status $rc_golden)" \
         "cli gen/run" "$(status $rc_cli)" \
-        "bench" "$(status $rc_bench)"
+        "bench" "$(status $rc_bench)" \
+        "full-size bench" "$(status $rc_full)"
 } | tee "$OUT/summary.txt"
-[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ]
+[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ] && [ $rc_full = 0 ]

@@ -4,13 +4,28 @@ use crate::common::load_model;
 use anyhow::Result;
 use ds4_runtime::cuda::{AnySession, BackendKind, CudaBackend, CudaOptions, CudaSession, Placement};
 use ds4_runtime::{Session, SessionOptions};
+use ds4_model::gguf::GgufFile;
+use ds4_model::synthetic::{build_writer, RealLayout, SynthConfig};
+use ds4_runtime::traffic::decode_weight_bytes;
+use ds4_runtime::Model;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    #[arg(long)]
+    #[arg(long, conflicts_with = "synthetic")]
     pub model: Option<PathBuf>,
+    /// Instead of a file: a synthetic model of this architecture with random weights made
+    /// in device memory (CUDA only). Only `ds4-flash` (DeepSeek-V4-Flash's shapes).
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// --synthetic: the real file layout to imitate, q2 or q4.
+    #[arg(long, default_value = "q2")]
+    pub recipe: String,
+    /// --synthetic: layers (43 in DeepSeek-V4-Flash).
+    #[arg(long, default_value_t = 43)]
+    pub layers: usize,
     /// Prompt lengths to prefill, comma-separated.
     #[arg(long, default_value = "128,512")]
     pub prefill: String,
@@ -48,19 +63,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let o = crate::bench_matvec::MatvecOpts { set_mib: a.matvec_mib, passes: a.passes, types: a.types, fast: a.fast };
         return crate::bench_matvec::run(o);
     }
-    let model = load_model(a.model.as_deref())?;
+    let t_load = Instant::now();
+    let (model, generate) = match &a.synthetic {
+        None => (load_model(a.model.as_deref())?, BTreeSet::new()),
+        Some(arch) => synthetic_model(arch, &a.recipe, a.layers, a.backend)?,
+    };
     let vocab = model.hp.vocab as u32;
     // One CUDA backend (kernels compiled, weights uploaded) for every measurement.
     let cuda = match a.backend {
         BackendKind::Cpu => None,
         BackendKind::Cuda => {
             let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
-            let b = CudaBackend::new(&model, &CudaOptions { placement })?;
+            let b = CudaBackend::new(&model, &CudaOptions { placement, generate })?;
             eprintln!("ds4 bench: cuda backend on {}", b.describe());
             Some(b)
         }
     };
-    println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,threads");
+    eprintln!("ds4 bench: model ready in {:.1} s", t_load.elapsed().as_secs_f64());
+    // The roofline: weight bytes per decoded token over the measured copy bandwidth.
+    let step_bytes = decode_weight_bytes(&model.graph_last, &model.weights);
+    let copy_gbs = match &cuda {
+        Some(b) => b.dev.copy_bandwidth(1 << 30, 5)?,
+        None => crate::bench_matvec::memory_bandwidth(256 << 20, 3).0,
+    };
+    let roofline_tps = copy_gbs * 1e9 / step_bytes.max(1) as f64;
+    eprintln!("ds4 bench: {:.3} GB of weights read per decoded token; copy bandwidth {copy_gbs:.0} GB/s; roofline {roofline_tps:.1} tokens/s", step_bytes as f64 / 1e9);
+    println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,gen_tps_ss,first_token_sec,kvcache_bytes,weight_bytes_per_token,copy_gbs,roofline_tps,gen_frac_roofline,threads");
     for n in crate::common::parse_tokens(&a.prefill)? {
         let n = n as usize;
         // A deterministic prompt of in-vocabulary ids.
@@ -70,16 +98,70 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Some(b) => AnySession::Cuda(CudaSession::new(b.clone(), SessionOptions::default())),
         };
         let t0 = Instant::now();
-        let logits = s.prefill(&ids, a.chunk)?;
+        let logits = s.prefill_last(&ids, a.chunk)?;
         let pt = t0.elapsed().as_secs_f64();
-        let mut next = ds4_runtime::sample::argmax(&logits[logits.len() - vocab as usize..]) as u32;
-        let t1 = Instant::now();
+        let mut next = ds4_runtime::sample::argmax(&logits) as u32;
+        let first_token = t0.elapsed().as_secs_f64();
+        let prof = ds4_runtime::cuda::profile::report();
+        if !prof.is_empty() {
+            eprintln!("DS4_PROFILE, prefill of {n}:\n{prof}");
+        }
+        // Every step's time: gen_tps over all of them, gen_tps_ss over the second half
+        // (steady state: caches and buffer pools warm).
+        let mut steps = Vec::with_capacity(a.gen);
         for _ in 0..a.gen {
+            let t = Instant::now();
             let l = s.feed(&[next])?;
             next = ds4_runtime::sample::argmax(&l) as u32;
+            steps.push(t.elapsed().as_secs_f64());
         }
-        let gt = t1.elapsed().as_secs_f64();
-        println!("{},{},{:.1},{},{:.1},{},{}", n + a.gen, n, n as f64 / pt, a.gen, a.gen as f64 / gt.max(1e-9), s.state_bytes(), rayon::current_num_threads());
+        let tps = |d: &[f64]| if d.is_empty() { 0.0 } else { d.len() as f64 / d.iter().sum::<f64>().max(1e-9) };
+        let (gen_tps, ss_tps) = (tps(&steps), tps(&steps[steps.len() / 2..]));
+        println!(
+            "{},{},{:.1},{},{:.2},{:.2},{:.3},{},{},{:.0},{:.1},{:.4},{}",
+            n + a.gen,
+            n,
+            n as f64 / pt,
+            a.gen,
+            gen_tps,
+            ss_tps,
+            first_token,
+            s.state_bytes(),
+            step_bytes,
+            copy_gbs,
+            roofline_tps,
+            ss_tps / roofline_tps,
+            rayon::current_num_threads()
+        );
+        let prof = ds4_runtime::cuda::profile::report();
+        if !prof.is_empty() {
+            eprintln!("DS4_PROFILE, {} decode steps:\n{prof}", a.gen);
+        }
     }
     Ok(())
+}
+
+/// `--synthetic ds4-flash`: the real layout with its big tensors deferred (never in host
+/// memory), and the names of those, which the CUDA backend fills with random blocks.
+fn synthetic_model(arch: &str, recipe: &str, layers: usize, backend: BackendKind) -> Result<(Model, BTreeSet<String>)> {
+    if arch != "ds4-flash" {
+        anyhow::bail!("--synthetic {arch}: the only synthetic architecture is ds4-flash");
+    }
+    let recipe = RealLayout::parse(recipe).ok_or_else(|| anyhow::anyhow!("--recipe {recipe}: expected q2 or q4"))?;
+    if layers == 0 {
+        anyhow::bail!("--layers must be at least 1");
+    }
+    if backend != BackendKind::Cuda {
+        anyhow::bail!("--synthetic makes its weights in device memory: use it with --backend cuda");
+    }
+    let w = build_writer(&SynthConfig::ds4_flash(layers, recipe))?;
+    let generate = w.deferred_names().map(String::from).collect();
+    // A sparse file holds the layout (its big tensors are holes, never read: the device
+    // makes them); it is unlinked once mapped.
+    let path = std::env::temp_dir().join(format!("ds4-synthetic-{}.gguf", std::process::id()));
+    w.write_sparse(&path)?;
+    let file = GgufFile::open(&path);
+    let _ = std::fs::remove_file(&path);
+    let model = Model::from_gguf(file?)?;
+    Ok((model, generate))
 }

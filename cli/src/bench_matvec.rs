@@ -103,7 +103,7 @@ fn best_of(passes: usize, mut f: impl FnMut()) -> f64 {
 /// Copy bandwidth (STREAM convention: bytes read + bytes written per second) of a large
 /// memcpy split over all threads, and read bandwidth (a sum over a large buffer).
 /// Returns (copy GB/s, read GB/s).
-fn memory_bandwidth(bytes: usize, passes: usize) -> (f64, f64) {
+pub(crate) fn memory_bandwidth(bytes: usize, passes: usize) -> (f64, f64) {
     let threads = rayon::current_num_threads();
     let src: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
     let mut dst = vec![0u64; src.len()];

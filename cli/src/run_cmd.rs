@@ -61,7 +61,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
-    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor } })?;
+    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor }, ..Default::default() })?;
     let mut sampler = Sampler::new(SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed });
     let t0 = std::time::Instant::now();
     let logits = s.prefill_last(&prompt, a.chunk)?;

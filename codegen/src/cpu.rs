@@ -73,7 +73,7 @@ impl Dialect for Cpu {
         value.to_string()
     }
 
-    fn kernel_open(&self, k: &Kernel, out_len: &str) -> String {
+    fn kernel_open(&self, k: &Kernel, out_len: &str, _parallel: bool) -> String {
         let mut generic = false;
         let mut params = vec!["item: usize".to_string()];
         for p in &k.params {

@@ -82,6 +82,20 @@ impl fmt::Display for UnknownTarget {
 impl std::error::Error for UnknownTarget {}
 
 /// The source text of `kernel` for `target`.
+/// Threads per block (workgroup) a kernel is launched with on `target`: a block per item,
+/// of [`render::PAR_THREADS`] where its `'par`/`'sum` loops run in parallel, else one.
+pub fn block_threads(kernel: &Kernel, target: Target) -> u32 {
+    let parallel = match target {
+        Target::CudaSm90 | Target::CudaSm120 => render::runs_parallel(&cuda::Cuda { sm: 90 }, kernel),
+        _ => false,
+    };
+    if parallel {
+        render::PAR_THREADS
+    } else {
+        1
+    }
+}
+
 pub fn render(kernel: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => render::render_kernel(&cpu::Cpu, kernel),

@@ -152,11 +152,11 @@ fn ty_name(t: Ty) -> &'static str {
 }
 
 /// How an op kernel is launched on `target` (one work item per output row).
-fn op_launch(target: Target) -> String {
+fn op_launch(k: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => "{\"items\": \"rayon over output rows\"}".into(),
-        // The CUDA dialect computes an item on thread 0 of its block.
-        Target::CudaSm90 | Target::CudaSm120 => "{\"grid\": \"[items, 1, 1]\", \"block\": [1, 1, 1]}".into(),
+        // A block per item: its threads share the `'par`/`'sum` loops, or one thread.
+        Target::CudaSm90 | Target::CudaSm120 => format!("{{\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1]}}", crate::block_threads(k, target)),
         Target::Wgsl => format!("{{\"workgroups\": \"[ceil(items / {0}), 1, 1]\", \"workgroup_size\": [{0}, 1, 1]}}", crate::wgsl::WORKGROUP_SIZE),
         Target::Metal => "{\"threads\": \"[items, 1, 1]\"}".into(),
     }
@@ -184,7 +184,7 @@ fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target
         json_list(ops.iter().copied()),
         json_list(dtypes.into_iter()),
         json_list(params.iter().map(|s| s.as_str())),
-        op_launch(target)
+        op_launch(k, target)
     );
     s
 }

@@ -194,7 +194,7 @@ impl Dialect for Metal {
         format!("static inline {} {}({})", self.ty(f.ret), self.ident(&f.name), params.join(", "))
     }
 
-    fn kernel_open(&self, k: &Kernel, out_len: &str) -> String {
+    fn kernel_open(&self, k: &Kernel, out_len: &str, _parallel: bool) -> String {
         let mut args = Vec::new();
         for p in &k.params {
             if let ParamKind::Buffer { elem, mutable } = p.kind {

@@ -8,8 +8,13 @@
 //! scalar params arrive, where this item's output starts). Nothing about the math is
 //! decided by a dialect.
 
-use ds4_ir::kir::{BinOp, Builtin, Callee, Expr, Function, Kernel, Lit, Stmt, Ty, UnOp};
+use ds4_ir::kir::{BinOp, Builtin, Callee, Expr, Function, Kernel, Lit, LoopMode, Stmt, Ty, UnOp};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::fmt::Write;
+
+/// Threads per block of a kernel that runs its `'par`/`'sum` loops in parallel.
+pub const PAR_THREADS: u32 = 128;
 
 /// Operator binding strength, weakest first; the same table fits every target for the
 /// operators kernel IR has. `CAST` is Rust's `as`; C casts bind like unary operators.
@@ -85,13 +90,52 @@ pub trait Dialect {
         format!("return {value};")
     }
     /// The kernel's signature, opening brace and prologue lines (indented one level),
-    /// given the rendered per-item output length.
-    fn kernel_open(&self, k: &Kernel, out_len: &str) -> String;
+    /// given the rendered per-item output length; `parallel`: every thread of the block
+    /// runs the body (else one thread runs it and the others leave).
+    fn kernel_open(&self, k: &Kernel, out_len: &str, parallel: bool) -> String;
+
+    /// Targets that spread `'par`/`'sum` loops over a block's threads override these
+    /// three; the others run every loop serially (one thread per item).
+    /// A loop over `start..end` strided by the block's threads, up to the brace.
+    fn thread_loop_header(&self, _var: &str, _start: &str, _end: &str) -> Option<String> {
+        None
+    }
+    /// A block-wide barrier statement.
+    fn barrier(&self) -> String {
+        String::new()
+    }
+    /// An expression: the sum over the block's threads of each one's `part` (every
+    /// thread gets it; contains barriers, so every thread must reach it).
+    fn block_sum(&self, part: &str) -> String {
+        part.to_string()
+    }
+}
+
+/// Whether `d` runs `k` with a block of threads per item: the target can, the body has a
+/// `'par`/`'sum` loop, and every buffer store is inside one (code outside them runs in
+/// every thread alike, which is only sound while it writes no buffer).
+pub fn runs_parallel(d: &dyn Dialect, k: &Kernel) -> bool {
+    fn scan(stmts: &[Stmt], inside: bool, any_par: &mut bool) -> bool {
+        stmts.iter().all(|st| match st {
+            Stmt::Store { .. } => inside,
+            Stmt::For { body, mode, .. } => {
+                let par = *mode != LoopMode::Serial;
+                *any_par |= par;
+                scan(body, inside || par, any_par)
+            }
+            Stmt::While { body, .. } => scan(body, inside, any_par),
+            Stmt::If { then, otherwise, .. } => scan(then, inside, any_par) && scan(otherwise, inside, any_par),
+            _ => true,
+        })
+    }
+    let mut any_par = false;
+    d.thread_loop_header("i", "0", "1").is_some() && scan(&k.body, false, &mut any_par) && any_par
 }
 
 /// Renders `k` in dialect `d`.
 pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
-    let r = Renderer { d, k };
+    let parallel = runs_parallel(d, k);
+    let r = Renderer { d, k, parallel, in_par: Cell::new(false), rename: RefCell::new(HashMap::new()) };
     let mut s = d.prelude(k);
     for h in &k.helpers {
         let _ = writeln!(s, "{} {{", d.helper_signature(h));
@@ -99,7 +143,7 @@ pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
         let _ = writeln!(s, "    {}", d.helper_return(&r.expr(&h.result).text));
         s.push_str("}\n\n");
     }
-    s.push_str(&d.kernel_open(k, &r.expr(&k.out_len).text));
+    s.push_str(&d.kernel_open(k, &r.expr(&k.out_len).text, parallel));
     r.block(&mut s, &k.body, 1);
     s.push_str("}\n");
     s
@@ -108,9 +152,56 @@ pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
 struct Renderer<'a> {
     d: &'a dyn Dialect,
     k: &'a Kernel,
+    /// The kernel runs a block of threads per item (see [`runs_parallel`]).
+    parallel: bool,
+    /// Inside a parallel loop: nested ones run serially in their thread.
+    in_par: Cell<bool>,
+    /// Locals spelled differently inside a `'sum` loop (the accumulator → its partial).
+    rename: RefCell<HashMap<String, String>>,
 }
 
 impl Renderer<'_> {
+    /// A local's or param's name as the target spells it here.
+    fn name(&self, n: &str) -> String {
+        match self.rename.borrow().get(n) {
+            Some(r) => r.clone(),
+            None => self.d.ident(n),
+        }
+    }
+
+    /// A `'par` or `'sum` loop spread over the block's threads.
+    fn thread_loop(&self, s: &mut String, header: &str, body: &[Stmt], mode: &LoopMode, depth: usize) {
+        let pad = "    ".repeat(depth);
+        let d = self.d;
+        self.in_par.set(true);
+        match mode {
+            LoopMode::Sum { acc } => {
+                // Each thread adds its iterations into a partial of its own; then the
+                // block's partials are summed and added to the accumulator everywhere.
+                let part = format!("{}_part", self.name(acc));
+                let _ = writeln!(s, "{pad}{{");
+                let _ = writeln!(s, "{pad}    {}", d.declare(&part, Ty::F, true, &d.lit(Lit::F(0.0)).text));
+                self.rename.borrow_mut().insert(acc.clone(), part.clone());
+                let _ = writeln!(s, "{pad}    {header} {{");
+                self.block(s, body, depth + 2);
+                let _ = writeln!(s, "{pad}    }}");
+                self.rename.borrow_mut().remove(acc);
+                let _ = writeln!(s, "{pad}    {} += {};", self.name(acc), d.block_sum(&part));
+                let _ = writeln!(s, "{pad}}}");
+            }
+            _ => {
+                // Barriers on both sides: no thread still runs code before the loop that
+                // reads what the loop writes, and everything after sees all of it.
+                let _ = writeln!(s, "{pad}{}", d.barrier());
+                let _ = writeln!(s, "{pad}{header} {{");
+                self.block(s, body, depth + 1);
+                let _ = writeln!(s, "{pad}}}");
+                let _ = writeln!(s, "{pad}{}", d.barrier());
+            }
+        }
+        self.in_par.set(false);
+    }
+
     fn block(&self, s: &mut String, stmts: &[Stmt], depth: usize) {
         for st in stmts {
             self.stmt(s, st, depth);
@@ -122,21 +213,27 @@ impl Renderer<'_> {
         let d = self.d;
         match st {
             Stmt::Let { name, ty, mutable, init } => {
-                let _ = writeln!(s, "{pad}{}", d.declare(&d.ident(name), *ty, *mutable, &self.expr(init).text));
+                let _ = writeln!(s, "{pad}{}", d.declare(&self.name(name), *ty, *mutable, &self.expr(init).text));
             }
             Stmt::Assign { name, value } => {
-                let _ = writeln!(s, "{pad}{} = {};", d.ident(name), self.expr(value).text);
+                let _ = writeln!(s, "{pad}{} = {};", self.name(name), self.expr(value).text);
             }
             Stmt::CompoundAssign { name, op, value } => {
-                let _ = writeln!(s, "{pad}{} {}= {};", d.ident(name), op.symbol(), self.expr(value).text);
+                let _ = writeln!(s, "{pad}{} {}= {};", self.name(name), op.symbol(), self.expr(value).text);
             }
             Stmt::Store { buf, index, op, value } => {
                 let target = d.element(self.k, buf, self.expr(index)).text;
                 let op = op.map_or("", BinOp::symbol);
                 let _ = writeln!(s, "{pad}{target} {op}= {};", self.expr(value).text);
             }
-            Stmt::For { var, start, end, body } => {
-                let header = d.for_header(&d.ident(var), &self.expr(start).text, &self.expr(end).text);
+            Stmt::For { var, start, end, body, mode } => {
+                let (v, a, b) = (self.name(var), self.expr(start).text, self.expr(end).text);
+                if self.parallel && *mode != LoopMode::Serial && !self.in_par.get() {
+                    let header = d.thread_loop_header(&v, &a, &b).expect("runs_parallel checked the target");
+                    self.thread_loop(s, &header, body, mode, depth);
+                    return;
+                }
+                let header = d.for_header(&v, &a, &b);
                 let _ = writeln!(s, "{pad}{header} {{");
                 self.block(s, body, depth + 1);
                 let _ = writeln!(s, "{pad}}}");
@@ -179,7 +276,7 @@ impl Renderer<'_> {
         let d = self.d;
         match e {
             Expr::Lit(l) => d.lit(*l),
-            Expr::Var(v) => Code::atom(d.ident(v)),
+            Expr::Var(v) => Code::atom(self.name(v)),
             Expr::Index { buf, index } => d.element(self.k, buf, self.expr(index)),
             Expr::Binary { op, lhs, rhs } => {
                 let (l, r) = (self.expr(lhs), self.expr(rhs));

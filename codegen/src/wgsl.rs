@@ -284,7 +284,7 @@ impl Dialect for Wgsl {
         format!("fn {}({}) -> {}", self.ident(&f.name), params.join(", "), self.ty(f.ret))
     }
 
-    fn kernel_open(&self, k: &Kernel, out_len: &str) -> String {
+    fn kernel_open(&self, k: &Kernel, out_len: &str, _parallel: bool) -> String {
         let mut s = format!(
             "@compute @workgroup_size({WORKGROUP_SIZE})\nfn {}(@builtin(global_invocation_id) ds4_gid: vec3<u32>) {{\n    \
              let item: u32 = ds4_gid.x;\n    \

@@ -144,6 +144,7 @@ pub enum Stmt {
         start: Expr,
         end: Expr,
         body: Vec<Stmt>,
+        mode: LoopMode,
     },
     While {
         cond: Expr,
@@ -155,6 +156,23 @@ pub enum Stmt {
         then: Vec<Stmt>,
         otherwise: Vec<Stmt>,
     },
+}
+
+/// How a loop's iterations may be spread over a GPU block's threads (the `'par:` and
+/// `'sum:` labels of kernel bodies; the macro checks the rules). CPU code and the
+/// interpreter run every loop serially; a target that parallelizes runs the code outside
+/// such loops in every thread alike (it assigns the same values everywhere) and puts a
+/// barrier before and after each parallel loop.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoopMode {
+    Serial,
+    /// Independent iterations: each writes its own `out` elements and assigns only
+    /// locals declared in the body.
+    Parallel,
+    /// As `Parallel`, plus `acc += ..` into one float local declared outside: each
+    /// thread sums its iterations, then the partial sums are added across the block and
+    /// every thread's `acc` gets the total (summation order differs from serial code).
+    Sum { acc: String },
 }
 
 /// A typed literal.
@@ -406,6 +424,19 @@ pub fn walk_exprs(stmts: &[Stmt], f: &mut impl FnMut(&Expr)) {
 }
 
 impl Kernel {
+    /// Whether the body has a `'sum` loop (targets add their block-sum helper).
+    pub fn has_sum_loop(&self) -> bool {
+        fn any(stmts: &[Stmt]) -> bool {
+            stmts.iter().any(|st| match st {
+                Stmt::For { mode: LoopMode::Sum { .. }, .. } => true,
+                Stmt::For { body, .. } | Stmt::While { body, .. } => any(body),
+                Stmt::If { then, otherwise, .. } => any(then) || any(otherwise),
+                _ => false,
+            })
+        }
+        any(&self.body)
+    }
+
     /// Every builtin the body or its helpers call, in a fixed order (renderers emit a
     /// prelude function only for the builtins a target lacks and a kernel uses).
     pub fn builtins_used(&self) -> std::collections::BTreeSet<Builtin> {

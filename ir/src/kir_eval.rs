@@ -170,7 +170,7 @@ impl<'k, 'a, F: Real> Machine<'k, 'a, F> {
                 }
                 self.store(buf, i, v);
             }
-            Stmt::For { var, start, end, body } => {
+            Stmt::For { var, start, end, body, .. } => {
                 // Rust evaluates the range once, before the first iteration.
                 let (lo, hi) = (self.expr(start).usize(), self.expr(end).usize());
                 for v in lo..hi {

@@ -42,10 +42,11 @@ pub fn kernel_helper(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// error, not a cascade of "function not found".
 fn with_original(item: TokenStream, generated: syn::Result<TokenStream>) -> TokenStream {
     match generated {
-        Ok(extra) => quote!(#item #extra),
+        // `'par:`/`'sum:` labels are read by the macro; rustc sees them unused.
+        Ok(extra) => quote!(#[allow(unused_labels)] #item #extra),
         Err(e) => {
             let e = e.to_compile_error();
-            quote!(#item #e)
+            quote!(#[allow(unused_labels)] #item #e)
         }
     }
 }

@@ -85,8 +85,8 @@ fn min_value_bytes(id: u32) -> u64 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("empty file (0 bytes): not a GGUF file")]
     Empty,
     #[error("not a GGUF file: magic is {found:?}, expected \"GGUF\"")]
@@ -293,7 +293,7 @@ impl fmt::Debug for GgufFile {
 impl GgufFile {
     /// Map a file and parse its header.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |err| GgufError::Io { path: path.to_path_buf(), err };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {

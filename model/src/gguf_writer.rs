@@ -11,7 +11,7 @@
 use crate::gguf::{align_up, type_id, GgufError, MetaValue, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
 use ds4_ir::GgmlType;
 use std::collections::HashSet;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
 use std::path::Path;
 
 pub const GGUF_VERSION: u32 = 3;
@@ -170,6 +170,11 @@ impl GgufWriter {
         Ok(TensorSpec { name, ggml_type: ty, dims: dims.to_vec(), n_bytes })
     }
 
+    /// Names of the tensors added without data.
+    pub fn deferred_names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.iter().filter(|t| t.data.is_none()).map(|t| t.spec.name.as_str())
+    }
+
     pub fn tensor_specs(&self) -> impl Iterator<Item = &TensorSpec> {
         self.tensors.iter().map(|t| &t.spec)
     }
@@ -204,7 +209,7 @@ impl GgufWriter {
     where
         F: FnMut(&TensorSpec, &mut dyn Write) -> io::Result<()>,
     {
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |err| GgufError::Io { path: path.to_path_buf(), err };
         let file = std::fs::File::create(path).map_err(io)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         self.write_to(&mut w, &mut fill).map_err(io)?;
@@ -219,25 +224,7 @@ impl GgufWriter {
     ) -> io::Result<()> {
         let offsets = self.layout().map_err(io::Error::other)?;
         let mut w = Counting { inner: w, n: 0 };
-        w.write_all(GGUF_MAGIC)?;
-        w.write_all(&GGUF_VERSION.to_le_bytes())?;
-        w.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
-        w.write_all(&(self.metadata.len() as u64).to_le_bytes())?;
-        for (k, v) in &self.metadata {
-            write_str(&mut w, k)?;
-            w.write_all(&v.type_id().to_le_bytes())?;
-            write_value(&mut w, v)?;
-        }
-        for (t, &off) in self.tensors.iter().zip(&offsets) {
-            write_str(&mut w, &t.spec.name)?;
-            w.write_all(&(t.spec.dims.len() as u32).to_le_bytes())?;
-            for d in &t.spec.dims {
-                w.write_all(&d.to_le_bytes())?;
-            }
-            w.write_all(&t.spec.ggml_type.id().to_le_bytes())?;
-            w.write_all(&off.to_le_bytes())?;
-        }
-        pad_to(&mut w, self.alignment)?;
+        self.write_header(&mut w, &offsets)?;
         let data_start = w.n;
         for (t, &off) in self.tensors.iter().zip(&offsets) {
             pad_to(&mut w, self.alignment)?;
@@ -259,6 +246,54 @@ impl GgufWriter {
         // that files can be concatenated or compared byte for byte.
         pad_to(&mut w, self.alignment)?;
         w.flush()
+    }
+
+    /// The header (magic, counts, metadata, tensor table) and the padding after it.
+    fn write_header<W: Write>(&self, w: &mut Counting<W>, offsets: &[u64]) -> io::Result<()> {
+        w.write_all(GGUF_MAGIC)?;
+        w.write_all(&GGUF_VERSION.to_le_bytes())?;
+        w.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
+        w.write_all(&(self.metadata.len() as u64).to_le_bytes())?;
+        for (k, v) in &self.metadata {
+            write_str(w, k)?;
+            w.write_all(&v.type_id().to_le_bytes())?;
+            write_value(w, v)?;
+        }
+        for (t, &off) in self.tensors.iter().zip(offsets) {
+            write_str(w, &t.spec.name)?;
+            w.write_all(&(t.spec.dims.len() as u32).to_le_bytes())?;
+            for d in &t.spec.dims {
+                w.write_all(&d.to_le_bytes())?;
+            }
+            w.write_all(&t.spec.ggml_type.id().to_le_bytes())?;
+            w.write_all(&off.to_le_bytes())?;
+        }
+        pad_to(w, self.alignment)
+    }
+
+    /// Writes the file to `path` as a sparse file: header and tensors with data, deferred
+    /// tensors left as holes (they read as zeros and cost no disk), so a full-size layout
+    /// with its large tensors deferred costs only its small tensors (synthetic benches).
+    pub fn write_sparse(&self, path: &Path) -> Result<(), GgufError> {
+        let io = |err| GgufError::Io { path: path.to_path_buf(), err };
+        let offsets = self.layout()?;
+        let mut head = Vec::new();
+        self.write_header(&mut Counting { inner: &mut head, n: 0 }, &offsets).map_err(io)?;
+        let end = match (self.tensors.last(), offsets.last()) {
+            (Some(t), Some(&o)) => o + t.spec.n_bytes,
+            _ => 0,
+        };
+        let total = align_up(head.len() as u64 + end, self.alignment).ok_or_else(|| GgufError::Writer("file size overflows".into()))?;
+        let mut f = std::fs::File::create(path).map_err(io)?;
+        f.set_len(total).map_err(io)?;
+        f.write_all(&head).map_err(io)?;
+        for (t, &off) in self.tensors.iter().zip(&offsets) {
+            if let Some(d) = &t.data {
+                f.seek(io::SeekFrom::Start(head.len() as u64 + off)).map_err(io)?;
+                f.write_all(d).map_err(io)?;
+            }
+        }
+        Ok(())
     }
 }
 

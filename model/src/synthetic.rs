@@ -28,6 +28,50 @@ pub struct SynthConfig {
     pub idx_heads: usize,
     pub idx_top_k: usize,
     pub seed: u64,
+    /// `None`: every matrix F32 (F16 embedding and head), all data generated here.
+    /// `Some(recipe)`: the real files' tensor types for that recipe, and the quantized and
+    /// large F16 tensors *deferred* (no data; see [`build_writer`]).
+    pub real_layout: Option<RealLayout>,
+}
+
+/// The tensor types of real DeepSeek-V4-Flash GGUFs (DS4_FORWARD.md): Q8_0 attention,
+/// shared experts and head, F16 small matrices, routed experts by recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RealLayout {
+    /// Routed gate/up IQ2_XXS, down Q2_K.
+    Q2,
+    /// Routed experts Q4_K.
+    Q4,
+}
+
+impl RealLayout {
+    pub fn parse(s: &str) -> Option<RealLayout> {
+        match s {
+            "q2" => Some(RealLayout::Q2),
+            "q4" => Some(RealLayout::Q4),
+            _ => None,
+        }
+    }
+
+    /// The type of tensor `name` in a real file (`generated`: what the tiny layout uses).
+    fn type_of(self, name: &str, generated: GgmlType) -> GgmlType {
+        let routed = name.contains("_exps.");
+        if routed {
+            return match (self, name.contains("ffn_down")) {
+                (RealLayout::Q4, _) => GgmlType::Q4K,
+                (RealLayout::Q2, true) => GgmlType::Q2K,
+                (RealLayout::Q2, false) => GgmlType::Iq2Xxs,
+            };
+        }
+        let q8 = ["attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.", "output.weight"];
+        if q8.iter().any(|p| name.contains(p)) && !name.contains("indexer") {
+            return GgmlType::Q8_0;
+        }
+        match generated {
+            GgmlType::F32 => GgmlType::F16,
+            t => t,
+        }
+    }
 }
 
 impl SynthConfig {
@@ -54,9 +98,42 @@ impl SynthConfig {
             idx_heads: 4,
             idx_top_k: 8,
             seed: 0x05D4,
+            real_layout: None,
+        }
+    }
+
+    /// DeepSeek-V4-Flash's shapes and the real file layout (`ds4 bench --synthetic
+    /// ds4-flash`), `n_layer` layers (43 in the real model). Big tensors are deferred: the
+    /// bench generates them in device memory.
+    pub fn ds4_flash(n_layer: usize, recipe: RealLayout) -> SynthConfig {
+        SynthConfig {
+            name: format!("ds4-flash-synthetic-{} (random weights)", if recipe == RealLayout::Q2 { "q2" } else { "q4" }),
+            n_layer,
+            d: 4096,
+            vocab: 129_280,
+            n_head: 64,
+            hd: 512,
+            n_rot: 64,
+            q_lora: 1024,
+            o_groups: 8,
+            o_lora: 1024,
+            n_expert: 256,
+            top_k: 6,
+            ff: 2048,
+            n_hash: 3.min(n_layer),
+            window: 128,
+            // Two sliding-window-only layers, then CSA (4) and HCA (128) alternating.
+            ratios: (0..n_layer).map(|l| if l < 2 { 0 } else if l % 2 == 0 { 4 } else { 128 }).collect(),
+            idx_heads: 64,
+            idx_top_k: 512,
+            seed: 0x05D4,
+            real_layout: Some(recipe),
         }
     }
 }
+
+/// F16 tensors above this many bytes are deferred in the real layout.
+const DEFER_F16_BYTES: usize = 1 << 20;
 
 /// splitmix64 normal-ish values (sum of uniforms): deterministic on every platform.
 struct Rng(u64);
@@ -81,6 +158,12 @@ impl Rng {
 /// Build the GGUF bytes of a synthetic model with F32 weights (F16 embedding/output to
 /// keep a large vocabulary small).
 pub fn build(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
+    build_writer(cfg)?.to_bytes()
+}
+
+/// The synthetic model as a writer; with `real_layout`, its big tensors are deferred
+/// (`GgufWriter::to_zero_filled` leaves them as zeros).
+pub fn build_writer(cfg: &SynthConfig) -> Result<GgufWriter, GgufError> {
     let mut rng = Rng(cfg.seed);
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("deepseek4.{s}");
@@ -135,14 +218,20 @@ pub fn build(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
 
     let f32_bytes = |v: Vec<f32>| -> Vec<u8> { v.into_iter().flat_map(|x| x.to_le_bytes()).collect() };
     // A random matrix with ne = dims, scaled like a fan-in init.
+    let layout = cfg.real_layout;
     let mut rand_t = |w: &mut GgufWriter, name: &str, dims: &[usize], std: f32, ty: GgmlType| {
         let n: usize = dims.iter().product();
+        let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        let ty = layout.map_or(ty, |l| l.type_of(name, ty));
+        if layout.is_some() && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || (ty == GgmlType::F16 && n * 2 > DEFER_F16_BYTES)) {
+            w.add_tensor_deferred(name, ty, &dims64).expect("synthetic tensor sizes are consistent");
+            return;
+        }
         let vals: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
         let bytes = match ty {
             GgmlType::F16 => vals.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
             _ => f32_bytes(vals),
         };
-        let dims64: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         w.add_tensor(name, ty, &dims64, bytes).expect("synthetic tensor sizes are consistent");
     };
     let const_t = |w: &mut GgufWriter, name: &str, dims: &[usize], v: f32| {
@@ -210,5 +299,5 @@ pub fn build(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     const_t(&mut w, "output_hc_scale.weight", &[1], 1.0);
     const_t(&mut w, "output_norm.weight", &[d], 1.0);
     rand_t(&mut w, "output.weight", &[d, cfg.vocab], fan(d), GgmlType::F16);
-    w.to_bytes()
+    Ok(w)
 }

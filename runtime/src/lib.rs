@@ -6,5 +6,6 @@ pub mod sample;
 pub mod session;
 pub mod slot_ops;
 pub mod state;
+pub mod traffic;
 pub mod weights;
 pub use session::{Model, ModelError, Session, SessionOptions};

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{0}")]
+    #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{0}")]
+    #[error(transparent)]
     HParams(#[from] HParamsError),
-    #[error("{0}")]
+    #[error(transparent)]
     Build(#[from] BuildError),
-    #[error("{0}")]
+    #[error(transparent)]
     Exec(#[from] ExecError),
     #[error("{0}")]
     Session(String),

@@ -46,9 +46,10 @@ impl<F: Real> RowLog<F> {
     /// Forget rows before `from`.
     pub fn trim_front(&mut self, from: usize) {
         if from > self.first {
-            let n = (from.min(self.end()) - self.first) * self.width;
-            self.data.drain(..n);
-            self.first = from.min(self.end()).max(self.first);
+            // The new first row, computed before the drain changes `end()`.
+            let first = from.min(self.end());
+            self.data.drain(..(first - self.first) * self.width);
+            self.first = first;
         }
     }
     pub fn bytes(&self) -> usize {

@@ -82,7 +82,7 @@ fn full_parity(name: &str) {
         return;
     }
     let model = load(name);
-    let b = CudaBackend::new(&model, &CudaOptions { placement: Placement::Packed }).unwrap();
+    let b = CudaBackend::new(&model, &CudaOptions { placement: Placement::Packed, ..Default::default() }).unwrap();
     let r = load_reference(name, false).unwrap();
     let vocab = model.hp.vocab;
     let (mut same_all, mut rows_all) = (0, 0);

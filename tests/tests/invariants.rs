@@ -89,3 +89,20 @@ fn token_ids_outside_the_vocabulary_are_refused() {
     assert_eq!(s.pos(), 0);
     s.feed(&[0, 1]).unwrap();
 }
+
+/// A prompt longer than everything a session keeps (window + max_rewind), in one batch
+/// and in chunks, then decode: the same logits either way.
+#[test]
+fn long_single_batch_then_decode() {
+    let m = model("tiny-f32");
+    let ids: Vec<u32> = (0..700u32).map(|i| (i * 7919 + 1) % m.hp.vocab as u32).collect();
+    let mut whole = Session::<f32>::new(&m, SessionOptions::default());
+    let mut chunked = Session::<f32>::new(&m, SessionOptions::default());
+    let a = whole.prefill_last(&ids, ids.len()).unwrap();
+    let b = chunked.prefill_last(&ids, 64).unwrap();
+    let dev = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(dev < 1e-3, "last-token logits differ by {dev}");
+    let (x, y) = (whole.feed(&[5]).unwrap(), chunked.feed(&[5]).unwrap());
+    let dev = x.iter().zip(&y).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(dev < 1e-3, "decode after prefill differs by {dev}");
+}

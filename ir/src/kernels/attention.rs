@@ -54,7 +54,7 @@ pub fn attention<F: Real>(
     let mut mx = sinks[h];
     for j in lo..hi {
         let mut s = F::zero();
-        for c in 0..hd {
+        'sum: for c in 0..hd {
             s += q[qb + c] * win[j * hd + c];
         }
         mx = mx.max(s * scale);
@@ -67,7 +67,7 @@ pub fn attention<F: Real>(
         if r >= 0 {
             let rb = (r as usize) * hd;
             let mut s = F::zero();
-            for c in 0..hd {
+            'sum: for c in 0..hd {
                 s += q[qb + c] * comp[rb + c];
             }
             mx = mx.max(s * scale);
@@ -75,17 +75,17 @@ pub fn attention<F: Real>(
     }
     // Pass 2: softmax weights and the weighted sum of values (= keys).
     let mut sum = (sinks[h] - mx).exp();
-    for c in 0..hd {
+    'par: for c in 0..hd {
         out[c] = F::zero();
     }
     for j in lo..hi {
         let mut s = F::zero();
-        for c in 0..hd {
+        'sum: for c in 0..hd {
             s += q[qb + c] * win[j * hd + c];
         }
         let p = (s * scale - mx).exp();
         sum += p;
-        for c in 0..hd {
+        'par: for c in 0..hd {
             out[c] += p * win[j * hd + c];
         }
     }
@@ -97,17 +97,17 @@ pub fn attention<F: Real>(
         if r >= 0 {
             let rb = (r as usize) * hd;
             let mut s = F::zero();
-            for c in 0..hd {
+            'sum: for c in 0..hd {
                 s += q[qb + c] * comp[rb + c];
             }
             let p = (s * scale - mx).exp();
             sum += p;
-            for c in 0..hd {
+            'par: for c in 0..hd {
                 out[c] += p * comp[rb + c];
             }
         }
     }
-    for c in 0..hd {
+    'par: for c in 0..hd {
         out[c] = out[c] / sum;
     }
 }

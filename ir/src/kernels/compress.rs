@@ -8,7 +8,7 @@ use crate::real::Real;
 #[ds4_macros::kernel(out = "w")]
 pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], slots: usize, w: usize) {
     let base = item * slots * w;
-    for c in 0..w {
+    'par: for c in 0..w {
         let mut mx = F::neg_infinity();
         for s in 0..slots {
             mx = mx.max(gate[base + s * w + c]);
@@ -47,7 +47,7 @@ pub fn indexer_scores<F: Real>(
     let visible = (pos0 + item + 1) / ratio;
     let scale = F::one() / F::from_usize(dk).sqrt();
     let wscale = F::one() / F::from_usize(heads).sqrt();
-    for r in 0..n_rows {
+    'par: for r in 0..n_rows {
         let mut s = F::neg_infinity();
         if r < visible {
             s = F::zero();
@@ -65,29 +65,31 @@ pub fn indexer_scores<F: Real>(
 
 /// Top-k of one row of `n` scores, ties to the lower index, -inf entries never chosen;
 /// missing picks are -1. Picks come out in descending (score, -index) order.
+///
+/// By rank: candidate j's place is the number of candidates ahead of it in that order
+/// (stopping once k are found), and the first k places are the picks. Candidates are
+/// independent, so a GPU spreads them over a block's threads.
 #[ds4_macros::kernel(out = "k")]
 pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: usize) {
     let base = item * n;
-    let mut prev_s = F::zero();
-    let mut prev_i = 0;
-    for p in 0..k {
-        let mut best = n;
-        let mut best_s = F::neg_infinity();
-        for j in 0..n {
-            let s = scores[base + j];
-            // Only candidates strictly after the previous pick in (score desc, index asc) order.
-            let after = p == 0 || s < prev_s || (s == prev_s && j > prev_i);
-            if after && s > F::neg_infinity() && (best == n || s > best_s) {
-                best = j;
-                best_s = s;
+    'par: for p in 0..k {
+        out[p] = -1;
+    }
+    'par: for j in 0..n {
+        let s = scores[base + j];
+        if s > F::neg_infinity() {
+            let mut rank = 0;
+            let mut i = 0;
+            while i < n && rank < k {
+                let t = scores[base + i];
+                if t > s || (t == s && i < j) {
+                    rank += 1;
+                }
+                i += 1;
             }
-        }
-        if best == n {
-            out[p] = -1;
-        } else {
-            out[p] = best as i32;
-            prev_s = best_s;
-            prev_i = best;
+            if rank < k {
+                out[rank] = j as i32;
+            }
         }
     }
 }

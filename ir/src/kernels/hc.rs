@@ -83,7 +83,7 @@ pub fn hc_mix<F: Real>(
 /// Head weights for the final collapse: `pre = σ(m·scale + b) + eps` (nh values).
 #[ds4_macros::kernel(out = "nh")]
 pub fn hc_head_mix<F: Real>(item: usize, out: &mut [F], m: &[F], scale: &[F], base: &[F], nh: usize, eps: F) {
-    for i in 0..nh {
+    'par: for i in 0..nh {
         out[i] = sigmoid(m[item * nh + i] * scale[0] + base[i]) + eps;
     }
 }
@@ -91,7 +91,7 @@ pub fn hc_head_mix<F: Real>(item: usize, out: &mut [F], m: &[F], scale: &[F], ba
 /// Block input `x = Σ_i pre_i R_i`; `pre` is the first `nh` values of each mix row of width `mw`.
 #[ds4_macros::kernel(out = "d")]
 pub fn hc_collapse<F: Real>(item: usize, out: &mut [F], r: &[F], mix: &[F], nh: usize, d: usize, mw: usize) {
-    for c in 0..d {
+    'par: for c in 0..d {
         let mut acc = F::zero();
         for i in 0..nh {
             acc += mix[item * mw + i] * r[(item * nh + i) * d + c];
@@ -107,7 +107,7 @@ pub fn hc_expand<F: Real>(item: usize, out: &mut [F], y: &[F], r: &[F], mix: &[F
     let mo = item * mw;
     for j in 0..nh {
         let post = mix[mo + nh + j];
-        for c in 0..d {
+        'par: for c in 0..d {
             let mut acc = post * y[item * d + c];
             for i in 0..nh {
                 acc += mix[mo + 2 * nh + i * nh + j] * r[(item * nh + i) * d + c];
@@ -121,7 +121,7 @@ pub fn hc_expand<F: Real>(item: usize, out: &mut [F], y: &[F], r: &[F], mix: &[F
 #[ds4_macros::kernel(out = "nh * d")]
 pub fn hc_broadcast<F: Real>(item: usize, out: &mut [F], x: &[F], nh: usize, d: usize) {
     for j in 0..nh {
-        for c in 0..d {
+        'par: for c in 0..d {
             out[j * d + c] = x[item * d + c];
         }
     }

@@ -5,7 +5,7 @@ use crate::real::Real;
 /// `sqrt(softplus(x))` for one row of `n` router logits (softplus linear above 20, as torch).
 #[ds4_macros::kernel(out = "n")]
 pub fn router_scores<F: Real>(item: usize, out: &mut [F], logits: &[F], n: usize) {
-    for e in 0..n {
+    'par: for e in 0..n {
         let x = logits[item * n + e];
         let mut sp = x;
         if x <= F::from_f64(20.0) {
@@ -18,7 +18,7 @@ pub fn router_scores<F: Real>(item: usize, out: &mut [F], logits: &[F], n: usize
 /// Selection scores: router scores plus the selection bias (used for choosing only).
 #[ds4_macros::kernel(out = "n")]
 pub fn router_biased<F: Real>(item: usize, out: &mut [F], scores: &[F], bias: &[F], n: usize) {
-    for e in 0..n {
+    'par: for e in 0..n {
         out[e] = scores[item * n + e] + bias[e];
     }
 }
@@ -27,7 +27,7 @@ pub fn router_biased<F: Real>(item: usize, out: &mut [F], scores: &[F], bias: &[
 #[ds4_macros::kernel(out = "k")]
 pub fn router_hash(item: usize, out: &mut [i32], ids: &[i32], table: &[i32], k: usize) {
     let tok = ids[item] as usize;
-    for j in 0..k {
+    'par: for j in 0..k {
         out[j] = table[tok * k + j];
     }
 }
@@ -45,10 +45,10 @@ pub fn router_weights<F: Real>(
     normalize: bool,
 ) {
     let mut sum = F::zero();
-    for j in 0..k {
+    'sum: for j in 0..k {
         sum += scores[item * n + sel[item * k + j] as usize];
     }
-    for j in 0..k {
+    'par: for j in 0..k {
         let s = scores[item * n + sel[item * k + j] as usize];
         if normalize {
             out[j] = scale * s / (sum + F::from_f64(1e-20));
@@ -61,7 +61,7 @@ pub fn router_weights<F: Real>(
 /// Clamped SwiGLU of one row: `silu(min(g, c)) · clamp(u, -c, c)`.
 #[ds4_macros::kernel(out = "n")]
 pub fn swiglu<F: Real>(item: usize, out: &mut [F], g: &[F], u: &[F], n: usize, clamp: F) {
-    for i in 0..n {
+    'par: for i in 0..n {
         let gv = g[item * n + i].min(clamp);
         let uv = u[item * n + i].max(-clamp).min(clamp);
         out[i] = gv / (F::one() + (-gv).exp()) * uv;

@@ -6,12 +6,12 @@ use crate::real::Real;
 pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize, eps: F) {
     let base = item * n;
     let mut ss = F::zero();
-    for i in 0..n {
+    'sum: for i in 0..n {
         let v = x[base + i];
         ss += v * v;
     }
     let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
-    for i in 0..n {
+    'par: for i in 0..n {
         out[i] = x[base + i] * inv * w[i];
     }
 }
@@ -21,12 +21,12 @@ pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize,
 pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, eps: F) {
     let base = item * n;
     let mut ss = F::zero();
-    for i in 0..n {
+    'sum: for i in 0..n {
         let v = x[base + i];
         ss += v * v;
     }
     let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
-    for i in 0..n {
+    'par: for i in 0..n {
         out[i] = x[base + i] * inv;
     }
 }
@@ -35,7 +35,7 @@ pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, ep
 #[ds4_macros::kernel(out = "n")]
 pub fn add<F: Real>(item: usize, out: &mut [F], a: &[F], b: &[F], n: usize) {
     let base = item * n;
-    for i in 0..n {
+    'par: for i in 0..n {
         out[i] = a[base + i] + b[base + i];
     }
 }

@@ -23,10 +23,10 @@ pub fn rope<F: Real>(
     let base = item * hd;
     let pos = F::from_usize((pos_base + t) * pos_mult);
     let nope = hd - n_rot;
-    for i in 0..nope {
+    'par: for i in 0..nope {
         out[i] = x[base + i];
     }
-    for p in 0..n_rot / 2 {
+    'par: for p in 0..n_rot / 2 {
         let ang = pos * inv_freq[p];
         let c = ang.cos();
         let s = ang.sin() * sign;

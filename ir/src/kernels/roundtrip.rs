@@ -20,11 +20,11 @@ fn e4m3_round<F: Real>(v: F) -> F {
 #[ds4_macros::kernel(out = "w")]
 pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_nope: usize) {
     let base = item * w;
-    for i in 0..w {
+    'par: for i in 0..w {
         out[i] = x[base + i];
     }
     let nb = n_nope / 64;
-    for b in 0..nb {
+    'par: for b in 0..nb {
         let mut amax = F::from_f64(1e-4);
         for i in 0..64 {
             amax = amax.max(x[base + b * 64 + i].abs());
@@ -70,29 +70,28 @@ fn e2m1_round<F: Real>(v: F) -> F {
 pub fn hadamard_fp4<F: Real>(item: usize, out: &mut [F], x: &[F], fp4: bool) {
     let n = 128;
     let base = item * n;
-    for i in 0..n {
+    'par: for i in 0..n {
         out[i] = x[base + i];
     }
+    // Butterfly stages: in stage h, pair t (of n/2) joins j and j + h, where j is the
+    // t % h-th element of the (t / h)-th group of 2h. The pairs of a stage are disjoint.
     let mut h = 1;
     while h < n {
-        let mut i = 0;
-        while i < n {
-            for j in i..i + h {
-                let a = out[j];
-                let b = out[j + h];
-                out[j] = a + b;
-                out[j + h] = a - b;
-            }
-            i += 2 * h;
+        'par: for t in 0..n / 2 {
+            let j = (t / h) * 2 * h + t % h;
+            let a = out[j];
+            let b = out[j + h];
+            out[j] = a + b;
+            out[j + h] = a - b;
         }
         h *= 2;
     }
     let norm = F::one() / F::from_f64(128.0).sqrt();
-    for i in 0..n {
+    'par: for i in 0..n {
         out[i] = out[i] * norm;
     }
     if fp4 {
-        for b in 0..4 {
+        'par: for b in 0..4 {
             let mut amax = F::from_f64(1e-4);
             for i in 0..32 {
                 amax = amax.max(out[b * 32 + i].abs());

@@ -102,8 +102,26 @@ pub(crate) struct Lowerer {
     scopes: Vec<Vec<Local>>,
     /// Helpers called, in order of first call, with the first call's span.
     pub helpers: Vec<(String, Span)>,
-    /// Every local assigned so far, in order (for the loop-bound check).
-    assigned: Vec<String>,
+    /// Every local assigned so far, in order (for the loop-bound check and the parallel
+    /// loops' rules).
+    assigned: Vec<Assigned>,
+}
+
+#[derive(Clone, Copy)]
+enum LoopKind {
+    Serial,
+    Par,
+    Sum,
+}
+
+/// One assignment to a local: which scope declared it, and how it was assigned.
+struct Assigned {
+    name: String,
+    /// Index into `scopes` of the declaring block.
+    scope: usize,
+    /// The compound operator (`Add` for `+=`), None for `=`.
+    op: Option<&'static str>,
+    ty: T,
 }
 
 impl Lowerer {
@@ -202,6 +220,33 @@ impl Lowerer {
         Ok(quote!(#k::Stmt::Let { name: #name.to_string(), ty: #ty, mutable: #mutable, init: #init }))
     }
 
+    /// Checks a labelled loop's rules against what its body assigned (`body_scope`: the
+    /// scope index of the body's outermost block) and returns its `LoopMode` tokens.
+    /// `'par`: the body assigns no local declared outside it, so iterations are
+    /// independent apart from the distinct `out` elements they write. `'sum`: the same,
+    /// except one float local declared outside, only ever `+=`-ed: the accumulator.
+    fn loop_mode(&self, kind: LoopKind, assigned: &[Assigned], body_scope: usize, span: Span) -> Result<TokenStream> {
+        let k = super::kir();
+        let outer: Vec<&Assigned> = assigned.iter().filter(|a| a.scope < body_scope).collect();
+        match kind {
+            LoopKind::Serial => Ok(quote!(#k::LoopMode::Serial)),
+            LoopKind::Par => match outer.first() {
+                Some(a) => err(span, format!("a `'par` loop may not assign `{}`, declared outside it: its iterations run in parallel", a.name)),
+                None => Ok(quote!(#k::LoopMode::Parallel)),
+            },
+            LoopKind::Sum => {
+                let Some(acc) = outer.first() else {
+                    return err(span, "a `'sum` loop adds into one float local declared outside it (`acc += ..`); this one assigns none");
+                };
+                if let Some(bad) = outer.iter().find(|a| a.name != acc.name || a.op != Some("Add") || a.ty != T::F) {
+                    return err(span, format!("a `'sum` loop may only `+=` one float local declared outside it (`{}`); it also assigns `{}` another way", acc.name, bad.name));
+                }
+                let name = &acc.name;
+                Ok(quote!(#k::LoopMode::Sum { acc: #name.to_string() }))
+            }
+        }
+    }
+
     /// A new local may not reuse a param's name (C has params and the outermost locals
     /// in one scope) nor a name of its own block (C and WGSL forbid redeclaration).
     fn check_new_name(&self, name: &str, span: Span) -> Result<()> {
@@ -235,9 +280,14 @@ impl Lowerer {
                 None => err(e.span(), "an expression statement must be an assignment or control flow"),
             },
             syn::Expr::ForLoop(f) => {
-                if f.label.is_some() {
-                    return err(f.span(), "loop labels are not supported");
-                }
+                // `'par:` and `'sum:` mark loops a GPU target may spread over a block's
+                // threads (see `ds4_ir::kir::LoopMode`); CPU code runs them as written.
+                let mode = match f.label.as_ref().map(|l| l.name.ident.to_string()) {
+                    None => LoopKind::Serial,
+                    Some(l) if l == "par" => LoopKind::Par,
+                    Some(l) if l == "sum" => LoopKind::Sum,
+                    Some(_) => return err(f.span(), "the only loop labels are `'par` (independent iterations) and `'sum` (a sum reduction)"),
+                };
                 let syn::Pat::Ident(pi) = &*f.pat else {
                     return err(f.pat.span(), "the loop variable is a plain name");
                 };
@@ -257,19 +307,21 @@ impl Lowerer {
                 // so it may shadow a local of the enclosing block.
                 self.check_not_param(&var, pi.ident.span())?;
                 let first_assignment = self.assigned.len();
+                let body_scope = self.scopes.len();
                 let body = self.block_with(&f.body, vec![Local { name: var.clone(), ty: T::Usize, mutable: false }])?;
+                let mode = self.loop_mode(mode, &self.assigned[first_assignment..], body_scope, f.span())?;
                 // Rust evaluates `end` once; C and WGSL `for` re-test it every iteration. Both
                 // agree as long as the body assigns nothing `end` reads.
                 let mut reads = Vec::new();
                 vars_of(&end_t, &mut reads);
-                if let Some(v) = self.assigned[first_assignment..].iter().find(|v| reads.contains(v)) {
+                if let Some(v) = self.assigned[first_assignment..].iter().map(|a| &a.name).find(|v| reads.contains(v)) {
                     return err(
                         end.span(),
                         format!("the loop bound reads `{v}`, which the loop body assigns; copy it to a local first"),
                     );
                 }
                 let (start, end) = (emit(&start)?, emit(&end_t)?);
-                Ok(quote!(#k::Stmt::For { var: #var.to_string(), start: #start, end: #end, body: #body }))
+                Ok(quote!(#k::Stmt::For { var: #var.to_string(), start: #start, end: #end, body: #body, mode: #mode }))
             }
             syn::Expr::While(w) => {
                 if w.label.is_some() {
@@ -340,6 +392,7 @@ impl Lowerer {
                     return err(id.span(), format!("`{name}` is not `mut`"));
                 }
                 let ty = local.ty;
+                let scope = self.scopes.iter().rposition(|s| s.iter().any(|l| l.name == name)).expect("found above");
                 coerce(&mut value, ty).map_err(|e| {
                     let hint = format!("(`{name}` is {}; annotate the `let` if Rust infers another type)", ty.name());
                     let mut e = e;
@@ -347,7 +400,7 @@ impl Lowerer {
                     e
                 })?;
                 check_op(op, ty, right.span())?;
-                self.assigned.push(name.clone());
+                self.assigned.push(Assigned { name: name.clone(), scope, op, ty });
                 let value = emit(&value)?;
                 Ok(match op {
                     Some(op) => {

@@ -68,13 +68,9 @@ impl<'m> AnySession<'m> {
 
     /// Prefill and return the last token's logits ([vocab]).
     pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
-        let vocab = self.vocab();
         match self {
             AnySession::Cpu(s) => s.prefill_last(ids, chunk),
-            AnySession::Cuda(s) => {
-                let l = s.prefill(ids, chunk)?;
-                Ok(l[l.len() - vocab..].to_vec())
-            }
+            AnySession::Cuda(s) => s.prefill_last(ids, chunk),
         }
     }
 

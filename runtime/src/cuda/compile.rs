@@ -90,7 +90,7 @@ impl Kernels {
         let mut units = Vec::new();
         for k in ds4_ir::kernels::all() {
             if set.ops.contains_key(&k.name) {
-                units.push(Unit { name: k.name.clone(), source: ds4_codegen::render(&k, target), params: op_params(&k), threads: 1 });
+                units.push(Unit { name: k.name.clone(), source: ds4_codegen::render(&k, target), params: op_params(&k), threads: ds4_codegen::block_threads(&k, target) });
             }
         }
         for &(kind, t) in set.quant.keys() {

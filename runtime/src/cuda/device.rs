@@ -7,7 +7,8 @@
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Why the CUDA backend cannot run here, or the device it found.
 pub fn probe() -> Result<String, String> {
@@ -45,6 +46,17 @@ pub struct Device {
     /// Compute capability as `major * 10 + minor` (90 on Hopper).
     pub sm: u32,
     pub name: String,
+    /// Freed activation buffers by bucket size, reused by [`Device::alloc`]: cuMemFree
+    /// synchronizes the whole device, and a decode step allocates hundreds of buffers.
+    pool: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
+}
+
+/// The pool's bucket for a request: 256-byte granules, and at most 1/8 slack above that,
+/// so that sizes that differ a little (prefill chunks) share buffers.
+fn bucket(bytes: usize) -> usize {
+    let b = bytes.max(1).next_multiple_of(256);
+    let granule = (b.next_power_of_two() / 8).max(256);
+    b.next_multiple_of(granule)
 }
 
 impl Device {
@@ -53,7 +65,7 @@ impl Device {
         let ctx = CudaContext::new(0)?;
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name }))
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, pool: Mutex::new(HashMap::new()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).
@@ -61,12 +73,51 @@ impl Device {
         Ok(self.ctx.bind_to_thread()?)
     }
 
-    /// `bytes` of device memory (at least one byte, so every buffer has an address).
+    /// A buffer of `bytes` for activations, from the pool (back to it when dropped). Work
+    /// is ordered on one stream, so a buffer reused before an earlier kernel that read it
+    /// has run is still read first.
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuf, CudaError> {
+        let size = bucket(bytes);
+        let reuse = self.pool.lock().map_err(|_| CudaError("buffer pool poisoned".into()))?.get_mut(&size).and_then(|v| v.pop());
+        let ptr = match reuse {
+            Some(p) => p,
+            None => self.malloc(size)?,
+        };
+        Ok(DeviceBuf { dev: self.clone(), ptr, bytes, pooled: Some(size) })
+    }
+
+    /// `bytes` of device memory of its own (weights), freed when dropped.
+    pub fn alloc_owned(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuf, CudaError> {
+        let ptr = self.malloc(bytes.max(1))?;
+        Ok(DeviceBuf { dev: self.clone(), ptr, bytes, pooled: None })
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr, CudaError> {
         self.bind()?;
-        // SAFETY: a plain cuMemAlloc; freed once in Drop.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }?;
-        Ok(DeviceBuf { dev: self.clone(), ptr, bytes })
+        // SAFETY: a plain cuMemAlloc; freed once (DeviceBuf's or Device's Drop).
+        let first = unsafe { result::malloc_sync(bytes) };
+        match first {
+            Ok(p) => Ok(p),
+            Err(_) => {
+                // Out of memory with buffers parked in the pool: give them back and retry.
+                self.release_pool();
+                // SAFETY: as above.
+                Ok(unsafe { result::malloc_sync(bytes) }?)
+            }
+        }
+    }
+
+    fn release_pool(&self) {
+        let Ok(mut pool) = self.pool.lock() else { return };
+        if self.bind().is_err() {
+            return;
+        }
+        for (_, ptrs) in pool.drain() {
+            for p in ptrs {
+                // SAFETY: each pooled pointer came from malloc_sync and is owned by the pool.
+                let _ = unsafe { result::free_sync(p) };
+            }
+        }
     }
 
     pub fn upload<T: Copy>(self: &Arc<Self>, data: &[T]) -> Result<DeviceBuf, CudaError> {
@@ -75,17 +126,40 @@ impl Device {
         Ok(b)
     }
 
+    /// Device-to-device copy bandwidth in GB/s, STREAM convention (bytes read + bytes
+    /// written): the best of `passes` copies of `bytes`.
+    pub fn copy_bandwidth(self: &Arc<Self>, bytes: usize, passes: usize) -> Result<f64, CudaError> {
+        let (a, b) = (self.alloc_owned(bytes)?, self.alloc_owned(bytes)?);
+        let mut best = f64::INFINITY;
+        for _ in 0..passes.max(1) + 1 {
+            self.synchronize()?;
+            let t = std::time::Instant::now();
+            b.copy_from(0, &a, 0, bytes)?;
+            self.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * bytes as f64 / best / 1e9)
+    }
+
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.bind()?;
         Ok(self.ctx.synchronize()?)
     }
 }
 
-/// One device allocation (or a window of one), freed when the owner drops.
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.release_pool();
+    }
+}
+
+/// One device allocation, freed (or returned to the pool) when the owner drops.
 pub struct DeviceBuf {
     dev: Arc<Device>,
     pub ptr: sys::CUdeviceptr,
     pub bytes: usize,
+    /// The pool bucket it came from, if any.
+    pooled: Option<usize>,
 }
 
 impl DeviceBuf {
@@ -135,6 +209,12 @@ impl DeviceBuf {
 
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
+        if let Some(size) = self.pooled {
+            if let Ok(mut pool) = self.dev.pool.lock() {
+                pool.entry(size).or_default().push(self.ptr);
+                return;
+            }
+        }
         if self.dev.bind().is_ok() {
             // SAFETY: allocated by malloc_sync, freed once.
             let _ = unsafe { result::free_sync(self.ptr) };

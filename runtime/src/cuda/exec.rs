@@ -3,6 +3,7 @@
 //! the stateful ops keep their bookkeeping on the host (`slots.rs`).
 
 use super::compile::{Kernels, ParamSig};
+use super::profile;
 use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
 use super::placement::{DeviceTensor, DeviceWeights};
 use crate::slot_ops;
@@ -36,7 +37,11 @@ pub struct GpuExecutor<'a> {
     pub graph: &'a Graph,
     /// A one-element buffer bound to pointer params a launch does not read.
     pub dummy: &'a DeviceBuf,
+    pub freqs: &'a FreqCache,
 }
+
+/// RoPE frequency tables on the device, uploaded at first use.
+pub type FreqCache = std::sync::Mutex<HashMap<Vec<u32>, Arc<DeviceBuf>>>;
 
 /// Named arguments of one launch.
 type Named<'n> = [(&'n str, Arg)];
@@ -154,6 +159,7 @@ impl GpuExecutor<'_> {
                     _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
                 }
             };
+            let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
                     "ids" => GVal::I(Rc::new(self.dev.upload(ids)?), ids.len()),
@@ -257,8 +263,19 @@ impl GpuExecutor<'_> {
                 }
                 Op::Rope { n_rot, inv_freq, pos, inverse } => {
                     let (heads, hd) = (shape[1], shape[2]);
-                    let freq: Vec<f32> = inv_freq.iter().map(|&v| v as f32).collect();
-                    let freq = self.dev.upload(&freq)?;
+                    let bits: Vec<u32> = inv_freq.iter().map(|&v| (v as f32).to_bits()).collect();
+                    let freq = {
+                        let mut cache = self.freqs.lock().map_err(|_| ExecError::Internal("frequency cache poisoned".into()))?;
+                        match cache.get(&bits) {
+                            Some(b) => b.clone(),
+                            None => {
+                                let host: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+                                let b = Arc::new(self.dev.upload(&host)?);
+                                cache.insert(bits, b.clone());
+                                b
+                            }
+                        }
+                    };
                     let (base, mult) = match pos {
                         RopePos::Tokens => (bind.pos0, 1),
                         RopePos::Compressed { ratio } => (bind.pos0 / ratio, *ratio),
@@ -359,6 +376,7 @@ impl GpuExecutor<'_> {
                     self.op("attention", n_out, hd, &named)?
                 }
             };
+            profile::stop(self.dev, t_node, node.op.name())?;
             vals.insert(id.index(), value);
             for i in &ins {
                 if last_use[i.index()] == step {

@@ -19,6 +19,7 @@ mod compile;
 mod device;
 mod exec;
 mod placement;
+pub mod profile;
 mod session;
 
 pub use backend_choice::{AnySession, BackendKind};

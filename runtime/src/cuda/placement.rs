@@ -71,7 +71,9 @@ fn round_up(n: usize, a: usize) -> usize {
 
 impl DeviceWeights {
     /// Uploads the weights of `graphs` (their union).
-    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement) -> Result<DeviceWeights, CudaError> {
+    /// `generate`: tensors made in device memory from random data instead of copied from
+    /// the file (`ds4 bench --synthetic`, whose file leaves them as zeros).
+    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>) -> Result<DeviceWeights, CudaError> {
         let mut names = BTreeSet::new();
         let mut vec_names = BTreeSet::new();
         for g in graphs {
@@ -92,13 +94,14 @@ impl DeviceWeights {
         }
         let mut tensors = HashMap::new();
         let mut blocks = Vec::new();
+        let mut tiles = HashMap::new();
         let mut total = 0;
         match placement {
             Placement::PerTensor => {
                 for n in &names {
                     let w = view(weights, n)?;
                     let buf = aligned_alloc(dev, w.bytes.len())?;
-                    buf.0.write(buf.1, w.bytes)?;
+                    fill(&buf.0, buf.1, &w, generate.contains(n), &mut tiles)?;
                     total += buf.0.bytes;
                     tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + buf.1 as u64, ty: w.ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
                     blocks.push(buf.0);
@@ -111,10 +114,10 @@ impl DeviceWeights {
                     offsets.push(at);
                     at = round_up(at + view(weights, n)?.bytes.len(), PACKED_ALIGN);
                 }
-                let arena = dev.alloc(at)?;
+                let arena = dev.alloc_owned(at)?;
                 for (n, &off) in names.iter().zip(&offsets) {
                     let w = view(weights, n)?;
-                    arena.write(off, w.bytes)?;
+                    fill(&arena, off, &w, generate.contains(n), &mut tiles)?;
                     tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty: w.ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
                 }
                 total += arena.bytes;
@@ -138,17 +141,62 @@ impl DeviceWeights {
     }
 }
 
+/// Puts tensor `w` at byte `at` of `buf`: its bytes from the file, or (`random`) a tile
+/// of random blocks, quantized here once per type (`tiles`) and repeated over the tensor
+/// by device copies, so that a full-size synthetic model costs no host memory and no
+/// upload. The tile (256 KiB) is small next to any tensor it fills and next to the L2
+/// cache, so repetition does not flatter the bandwidth; it is small because some
+/// quantizers (IQ2_XXS: seconds per MiB) are slow.
+fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<(), CudaError> {
+    if !random {
+        return buf.write(at, w.bytes);
+    }
+    let n = w.bytes.len();
+    if !tiles.contains_key(&w.ty) {
+        tiles.insert(w.ty, random_tile(w.ty).map_err(|e| CudaError(format!("{}: cannot make random {} data: {e}", w.name, w.ty)))?);
+    }
+    let tile = &tiles[&w.ty];
+    let first = tile.len().min(n);
+    buf.write(at, &tile[..first])?;
+    // Doubling copies: [0, len) to [len, 2·len), then the remainder (all whole blocks).
+    let mut have = first;
+    while have < n {
+        let k = have.min(n - have);
+        buf.copy_from(at + have, buf, at, k)?;
+        have += k;
+    }
+    Ok(())
+}
+
+/// About 256 KiB of whole blocks of `ty` holding zero-mean, weight-sized random values.
+fn random_tile(ty: GgmlType) -> Result<Vec<u8>, ds4_ir::quant::QuantError> {
+    let (blk_elems, blk_bytes) = (ty.block_elems(), ty.block_bytes());
+    let blocks = ((256 << 10) / blk_bytes).max(1);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut uniform = || {
+        // xorshift64*
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let vals: Vec<f32> = (0..blocks * blk_elems).map(|_| (uniform() + uniform() - 1.0) * 0.05).collect();
+    let mut tile = vec![0u8; blocks * blk_bytes];
+    ds4_ir::quant::quantize_row(ty, &vals, &mut tile)?;
+    Ok(tile)
+}
+
 /// An allocation of at least `bytes` whose returned offset is 2 MiB-aligned: sized in
 /// whole 2 MiB units (the driver then hands out 2 MiB-aligned addresses); one more unit
 /// if it did not.
 fn aligned_alloc(dev: &Arc<Device>, bytes: usize) -> Result<(DeviceBuf, usize), CudaError> {
     let size = round_up(bytes.max(1), TENSOR_ALIGN);
-    let buf = dev.alloc(size)?;
+    let buf = dev.alloc_owned(size)?;
     if (buf.ptr as usize).is_multiple_of(TENSOR_ALIGN) {
         return Ok((buf, 0));
     }
     drop(buf);
-    let buf = dev.alloc(size + TENSOR_ALIGN)?;
+    let buf = dev.alloc_owned(size + TENSOR_ALIGN)?;
     let off = round_up(buf.ptr as usize, TENSOR_ALIGN) - buf.ptr as usize;
     Ok((buf, off))
 }

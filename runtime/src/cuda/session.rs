@@ -17,6 +17,8 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Default)]
 pub struct CudaOptions {
     pub placement: Placement,
+    /// Tensors generated in device memory (random) instead of copied from the file.
+    pub generate: std::collections::BTreeSet<String>,
 }
 
 impl From<CudaError> for ModelError {
@@ -32,6 +34,8 @@ pub struct CudaBackend<'m> {
     pub kernels: Kernels,
     pub weights: DeviceWeights,
     dummy: DeviceBuf,
+    /// RoPE frequency tables uploaded once (keyed by their bits).
+    freqs: super::exec::FreqCache,
 }
 
 impl<'m> CudaBackend<'m> {
@@ -44,9 +48,9 @@ impl<'m> CudaBackend<'m> {
             set.ops.entry(k).or_default().extend(ops);
         }
         let kernels = Kernels::compile(&dev, &set)?;
-        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate)?;
         let dummy = dev.alloc(16)?;
-        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy }))
+        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, freqs: Default::default() }))
     }
 
     /// Device name and compute capability, for reports.
@@ -59,6 +63,8 @@ impl<'m> CudaBackend<'m> {
 pub struct CudaSession<'m> {
     backend: Arc<CudaBackend<'m>>,
     graph: Cow<'m, Graph>,
+    /// The last-token-logits variant of `graph`, when there is one.
+    graph_last: Option<&'m Graph>,
     state: SessionState<f32>,
     pos: usize,
     opts: SessionOptions,
@@ -71,15 +77,17 @@ impl<'m> CudaSession<'m> {
 
     pub fn new(backend: Arc<CudaBackend<'m>>, opts: SessionOptions) -> Self {
         let model = backend.model;
-        let graph = if opts.plain { &model.graph_plain } else { &model.graph };
-        CudaSession::with_graph(backend, Cow::Borrowed(graph), opts)
+        let (graph, last) = if opts.plain { (&model.graph_plain, &model.graph_plain_last) } else { (&model.graph, &model.graph_last) };
+        let mut s = CudaSession::with_graph(backend, Cow::Borrowed(graph), opts);
+        s.graph_last = Some(last);
+        s
     }
 
     /// A session running a custom graph of this model (its ops must be among the
     /// model's graphs', whose kernels the backend compiled).
     pub fn with_graph(backend: Arc<CudaBackend<'m>>, graph: Cow<'m, Graph>, opts: SessionOptions) -> Self {
         let state = SessionState::new(graph.n_slots, opts.max_rewind);
-        CudaSession { backend, graph, state, pos: 0, opts }
+        CudaSession { backend, graph, graph_last: None, state, pos: 0, opts }
     }
 
     pub fn pos(&self) -> usize {
@@ -102,6 +110,10 @@ impl<'m> CudaSession<'m> {
 
     /// Feeds a batch to a graph over a later layer range (see `Session::feed_with_residual`).
     pub fn feed_with_residual(&mut self, ids: &[u32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ModelError> {
+        self.run_graph(ids, residual, false)
+    }
+
+    fn run_graph(&mut self, ids: &[u32], residual: Option<&[f32]>, last_only: bool) -> Result<HashMap<String, Vec<f32>>, ModelError> {
         if ids.is_empty() {
             return Err(ModelError::Session("no tokens to feed".into()));
         }
@@ -112,7 +124,11 @@ impl<'m> CudaSession<'m> {
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
         let b = &self.backend;
-        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph: &self.graph, dummy: &b.dummy };
+        let graph = match (last_only, self.graph_last) {
+            (true, Some(g)) => g,
+            _ => &self.graph,
+        };
+        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, dummy: &b.dummy, freqs: &b.freqs };
         let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
         self.pos += ids.len();
         Ok(outs)
@@ -125,6 +141,22 @@ impl<'m> CudaSession<'m> {
     }
 
     /// Prefill in chunks of `chunk` tokens; the logits of every token.
+    /// Feed tokens and return the last one's logits ([vocab]), the head run on it alone.
+    pub fn feed_last(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut outs = self.run_graph(ids, None, true)?;
+        let l = outs.remove("logits").ok_or_else(|| ModelError::Session("this graph has no logits output".into()))?;
+        let vocab = self.backend.model.hp.vocab;
+        Ok(l[l.len() - vocab..].to_vec())
+    }
+
+    pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
+        let mut last = Vec::new();
+        for c in ids.chunks(chunk.max(1)) {
+            last = self.feed_last(c)?;
+        }
+        Ok(last)
+    }
+
     pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
         let mut all = Vec::with_capacity(ids.len() * self.backend.model.hp.vocab);
         for c in ids.chunks(chunk.max(1)) {

@@ -1,0 +1,51 @@
+//! `DS4_PROFILE=1`: device time per op kind, for finding where a step's time goes. Each
+//! node is followed by a device synchronize, so the totals are exact per op but the run
+//! is slower than without profiling. `ds4 bench` prints the table at the end.
+
+use super::device::{CudaError, Device};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DS4_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty()))
+}
+
+/// (calls, seconds) per op name.
+static TOTALS: Mutex<Option<HashMap<&'static str, (u64, f64)>>> = Mutex::new(None);
+
+/// The start of a node's work (None when profiling is off).
+pub fn start(dev: &Device) -> Result<Option<Instant>, CudaError> {
+    if !enabled() {
+        return Ok(None);
+    }
+    dev.synchronize()?;
+    Ok(Some(Instant::now()))
+}
+
+pub fn stop(dev: &Device, t: Option<Instant>, op: &'static str) -> Result<(), CudaError> {
+    let Some(t) = t else { return Ok(()) };
+    dev.synchronize()?;
+    let dt = t.elapsed().as_secs_f64();
+    if let Ok(mut g) = TOTALS.lock() {
+        let e = g.get_or_insert_with(HashMap::new).entry(op).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += dt;
+    }
+    Ok(())
+}
+
+/// The table so far (op, calls, seconds, share), most expensive first; empty when off.
+pub fn report() -> String {
+    let Ok(mut g) = TOTALS.lock() else { return String::new() };
+    let Some(m) = g.take() else { return String::new() };
+    let total: f64 = m.values().map(|v| v.1).sum();
+    let mut rows: Vec<_> = m.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+    let mut out = format!("{:<18} {:>9} {:>10} {:>6}\n", "op", "calls", "seconds", "share");
+    for (op, (n, s)) in rows {
+        out += &format!("{op:<18} {n:>9} {s:>10.4} {:>5.1}%\n", 100.0 * s / total.max(1e-12));
+    }
+    out
+}
