@@ -22,34 +22,36 @@ pub struct KernelSet {
     pub quant: BTreeMap<(QuantKernelKind, GgmlType), BTreeSet<&'static str>>,
 }
 
-/// The op kernel (by `kernels::all()` name) that runs `op`, if any.
-pub fn op_kernel(op: &Op) -> Option<&'static str> {
-    Some(match op {
-        Op::RmsNorm { .. } => "rms_norm",
-        Op::RmsNormPlain { .. } => "rms_norm_plain",
-        Op::Add => "add",
-        Op::HcBroadcast { .. } => "hc_broadcast",
-        Op::HcMix { .. } => "hc_mix",
-        Op::HcHeadMix { .. } => "hc_head_mix",
-        Op::HcCollapse { .. } => "hc_collapse",
-        Op::HcExpand { .. } => "hc_expand",
-        Op::Rope { .. } => "rope",
-        Op::Fp8RoundTrip { .. } => "fp8_roundtrip",
-        Op::HadamardFp4 { .. } => "hadamard_fp4",
-        Op::RouterScores => "router_scores",
-        Op::RouterBiased => "router_biased",
-        Op::RouterHash { .. } => "router_hash",
-        Op::TopK { .. } => "top_k",
-        Op::RouterWeights { .. } => "router_weights",
+/// The op kernels (by `kernels::all()` name) a GPU target runs for `op`, in order.
+pub fn op_kernels(op: &Op) -> &'static [&'static str] {
+    match op {
+        Op::RmsNorm { .. } => &["rms_norm"],
+        Op::RmsNormPlain { .. } => &["rms_norm_plain"],
+        Op::Add => &["add"],
+        Op::HcBroadcast { .. } => &["hc_broadcast"],
+        Op::HcMix { .. } => &["hc_mix"],
+        Op::HcHeadMix { .. } => &["hc_head_mix"],
+        Op::HcCollapse { .. } => &["hc_collapse"],
+        Op::HcExpand { .. } => &["hc_expand"],
+        Op::Rope { .. } => &["rope"],
+        Op::Fp8RoundTrip { .. } => &["fp8_roundtrip"],
+        Op::HadamardFp4 { .. } => &["hadamard_fp4"],
+        Op::RouterScores => &["router_scores"],
+        Op::RouterBiased => &["router_biased"],
+        Op::RouterHash { .. } => &["router_hash"],
+        Op::TopK { .. } => &["top_k"],
+        Op::RouterWeights { .. } => &["router_weights"],
         // The experts' clamped SwiGLU runs between their two mat-vecs.
-        Op::SwiGlu { .. } | Op::MoeExperts { .. } => "swiglu",
-        Op::CompressPool { .. } => "compress_pool",
-        Op::IndexerScores { .. } => "indexer_scores",
-        Op::Attention { .. } => "attention",
+        Op::SwiGlu { .. } | Op::MoeExperts { .. } => &["swiglu"],
+        Op::CompressPool { .. } => &["compress_pool"],
+        // GPU targets split it: one item per (token, head), then per token (the CPU
+        // runs the fused `indexer_scores`; the two give the same bits).
+        Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
+        Op::Attention { .. } => &["attention"],
         Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
-            return None
+            &[]
         }
-    })
+    }
 }
 
 impl KernelSet {
@@ -58,7 +60,7 @@ impl KernelSet {
         let mut set = KernelSet::default();
         for id in graph.order() {
             let node = graph.node(id);
-            if let Some(k) = op_kernel(&node.op) {
+            for k in op_kernels(&node.op) {
                 set.ops.entry(k.to_string()).or_default().insert(node.op.name());
             }
             let weight_inputs: &[usize] = match node.op {
@@ -67,11 +69,18 @@ impl KernelSet {
                 Op::MoeExperts { .. } => &[3, 4, 5],
                 _ => &[],
             };
-            let kind = if node.op == Op::Embed { QuantKernelKind::DequantRows } else { QuantKernelKind::MatVec };
+            // Matmuls: the mat-vec (decode) and the token-tiled matmul (prefill).
+            let kinds: &[QuantKernelKind] = match node.op {
+                Op::Embed => &[QuantKernelKind::DequantRows],
+                Op::MatMul | Op::GroupedMatMul { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul],
+                _ => &[QuantKernelKind::MatVec],
+            };
             let ins = graph.inputs(id);
             for &i in weight_inputs {
                 if let DType::Weight(t) = graph.node(ins[i]).ty.dtype {
-                    set.quant.entry((kind, t)).or_default().insert(node.op.name());
+                    for &kind in kinds {
+                        set.quant.entry((kind, t)).or_default().insert(node.op.name());
+                    }
                 }
             }
         }

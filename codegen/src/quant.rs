@@ -35,6 +35,9 @@ use std::fmt::{self, Write};
 /// Threads per block (workgroup) of every quant kernel.
 pub const THREADS: u32 = 128;
 
+/// Elements a mat-vec thread takes at a time (at most a sub-block).
+const RUN: u64 = 8;
+
 /// How a value is held in generated code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Word {
@@ -77,15 +80,22 @@ impl QParam {
 pub enum QuantKernelKind {
     DequantRows,
     MatVec,
+    /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for [`TOKENS`] tokens per block:
+    /// each de-quantized weight serves every token of the block (prefill's matmuls).
+    MatMul,
 }
 
+/// Tokens per block of the `MatMul` kernel.
+pub const TOKENS: u64 = 8;
+
 impl QuantKernelKind {
-    pub const ALL: [QuantKernelKind; 2] = [QuantKernelKind::DequantRows, QuantKernelKind::MatVec];
+    pub const ALL: [QuantKernelKind; 3] = [QuantKernelKind::DequantRows, QuantKernelKind::MatVec, QuantKernelKind::MatMul];
 
     pub fn prefix(self) -> &'static str {
         match self {
             QuantKernelKind::DequantRows => "dequant_rows",
             QuantKernelKind::MatVec => "matvec",
+            QuantKernelKind::MatMul => "matmul",
         }
     }
 
@@ -112,6 +122,7 @@ impl QuantKernelKind {
                 s("has_sel"),
                 s("has_wts"),
             ],
+            QuantKernelKind::MatMul => vec![b("out", F32, true), b("w", Bytes, false), b("x", F32, false), s("n"), s("k"), s("row_bytes"), s("m"), s("groups"), s("ng")],
         }
     }
 
@@ -120,6 +131,7 @@ impl QuantKernelKind {
         match self {
             QuantKernelKind::DequantRows => "[rows, 1, 1]",
             QuantKernelKind::MatVec => "[n, m, 1]",
+            QuantKernelKind::MatMul => "[n, ceil(m / 8), 1]",
         }
     }
 
@@ -127,7 +139,7 @@ impl QuantKernelKind {
     pub fn shared_bytes(self) -> u32 {
         match self {
             QuantKernelKind::DequantRows => 0,
-            QuantKernelKind::MatVec => THREADS * 4,
+            QuantKernelKind::MatVec | QuantKernelKind::MatMul => THREADS * 4,
         }
     }
 }
@@ -208,6 +220,18 @@ pub trait QuantSyntax {
     fn kernel_open(&self, name: &str, params: &[QParam], shared: u32) -> String;
     /// A workgroup barrier statement.
     fn barrier(&self) -> String;
+
+    /// Statements that leave the sum of every thread's `acc` (a block of `threads`) in
+    /// thread 0's `acc`, where the target has something better than the shared-memory
+    /// tree (None: the tree).
+    fn block_sum_to_first(&self, threads: u32) -> Option<Vec<String>> {
+        self.block_sum_named_to_first("acc", threads)
+    }
+
+    /// [`QuantSyntax::block_sum_to_first`] for a variable named `var`.
+    fn block_sum_named_to_first(&self, _var: &str, _threads: u32) -> Option<Vec<String>> {
+        None
+    }
     /// The name under which the kernel body reads buffer param `name`.
     fn buffer(&self, name: &str) -> String {
         format!("ds4_{name}")
@@ -520,6 +544,67 @@ impl Lower<'_> {
                 line(2, format!("{}[ds4_bx * k + e] = {};", b("out"), self.dq_call("row_base", "e")));
                 line(1, "}".into());
             }
+            QuantKernelKind::MatMul => {
+                // Tokens t0 .. t0 + TOKENS; a token past m reads the last one's row (a valid
+                // address) and is not stored.
+                let red = s.shared_array();
+                let tm = TOKENS as usize;
+                let run = (self.spec.sub_block as u64).min(RUN);
+                let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+                line(1, s.decl("t0", Word::Idx, false, &format!("ds4_by * {}", self.idx(TOKENS))));
+                line(1, s.decl("row_base", Word::Idx, false, "ds4_bx * row_bytes"));
+                line(1, s.decl("xg", Word::Idx, false, "ds4_bx / ng"));
+                for t in 0..tm {
+                    let tt = format!("t0 + {}", self.idx(t as u64));
+                    let last = format!("m - {}", self.idx(1));
+                    let clamped = s.select(&format!("{tt} < m"), &tt, &last);
+                    line(1, s.decl(&format!("xo{t}"), Word::Idx, false, &format!("({clamped} * groups + xg) * k")));
+                    line(1, s.decl(&format!("acc{t}"), Word::F32, true, &self.f32_const(0.0)));
+                }
+                line(1, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads)));
+                line(2, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run))));
+                line(2, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}")));
+                line(2, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})"))));
+                line(2, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})"))));
+                line(2, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1))));
+                let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
+                line(3, s.decl("wv", Word::F32, false, &dq));
+                for t in 0..tm {
+                    line(3, format!("acc{t} = acc{t} + wv * {}[xo{t} + e0 + j];", b("x")));
+                }
+                line(2, "}".into());
+                line(1, "}".into());
+                // One block reduction per token, through the shared array (barriers around
+                // each reuse of it).
+                for t in 0..tm {
+                    let store = |line: &mut dyn FnMut(usize, String), v: &str| {
+                        line(1, format!("if (ds4_tid == {} && t0 + {} < m) {{", self.idx(0), self.idx(t as u64)));
+                        line(2, format!("{}[(t0 + {}) * n + ds4_bx] = {v};", b("out"), self.idx(t as u64)));
+                        line(1, "}".into());
+                    };
+                    if let Some(code) = s.block_sum_named_to_first(&format!("acc{t}"), THREADS) {
+                        for l in code {
+                            line(1, l);
+                        }
+                        store(&mut line, &format!("acc{t}"));
+                        line(1, s.barrier());
+                        continue;
+                    }
+                    line(1, format!("{red}[ds4_tid] = acc{t};"));
+                    line(1, s.barrier());
+                    let mut stride = THREADS / 2;
+                    while stride > 0 {
+                        let st = self.idx(stride as u64);
+                        line(1, format!("if (ds4_tid < {st}) {{"));
+                        line(2, format!("{red}[ds4_tid] = {red}[ds4_tid] + {red}[ds4_tid + {st}];"));
+                        line(1, "}".into());
+                        line(1, s.barrier());
+                        stride /= 2;
+                    }
+                    store(&mut line, &format!("{red}[0]"));
+                    line(1, s.barrier());
+                }
+            }
             QuantKernelKind::MatVec => {
                 let red = s.shared_array();
                 line(1, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
@@ -535,12 +620,36 @@ impl Lower<'_> {
                 line(2, "}".into());
                 line(2, s.decl("row_base", Word::Idx, false, "(ex * n + ds4_bx) * row_bytes"));
                 line(2, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + ds4_bx / ng) * k"));
+                // A thread takes runs of RUN elements inside one sub-block (unit u: the
+                // elements u·RUN ..), walked by an inner loop of constant length, so what
+                // the declaration computes per sub-block (scales, offsets) is computed
+                // once per run, not per element; RUN is small enough that short rows
+                // still keep every thread busy.
+                let run = (self.spec.sub_block as u64).min(RUN);
+                let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
                 line(2, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
-                line(2, format!("{} {{", s.for_header("c", "ds4_tid", "k", &threads)));
-                line(3, format!("part = part + {} * {}[xo + c];", self.dq_call("row_base", "c"), b("x")));
+                line(2, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads)));
+                line(3, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run))));
+                line(3, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}")));
+                line(3, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})"))));
+                line(3, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})"))));
+                line(3, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1))));
+                let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
+                line(4, format!("part = part + {dq} * {}[xo + e0 + j];", b("x")));
+                line(3, "}".into());
                 line(2, "}".into());
                 line(2, "acc = acc + sc * part;".into());
                 line(1, "}".into());
+                if let Some(code) = s.block_sum_to_first(THREADS) {
+                    // The target's own block reduction (CUDA: warp shuffles).
+                    for l in code {
+                        line(1, l);
+                    }
+                    line(1, format!("if (ds4_tid == {}) {{", self.idx(0)));
+                    line(2, format!("{}[ds4_by * n + ds4_bx] = acc;", b("out")));
+                    line(1, "}".into());
+                    return o;
+                }
                 line(1, format!("{red}[ds4_tid] = acc;"));
                 line(1, s.barrier());
                 // A tree reduction, unrolled: every thread reaches every barrier.

@@ -101,3 +101,33 @@ fn graph_building_refuses_mismatched_types() {
     assert_eq!(g.node(h).ty.shape.eval(Bind { pos0: 0, tokens: 3 }), vec![3, 1, 64]);
     assert!(g.add("bad", Op::Reshape { shape: Shape::of(&[Dim::Const(64)]) }, &[x]).is_err());
 }
+
+/// The GPU's two-step indexer (`indexer_head_dots` then `indexer_combine`) gives
+/// `indexer_scores` bit for bit, invisible rows (-inf) included.
+#[test]
+fn two_step_indexer_equals_the_fused_one() {
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    for (t, heads, dk, n_rows, pos0, ratio) in [(1, 3, 8, 7, 20, 4), (3, 2, 5, 9, 0, 2), (2, 4, 16, 12, 5, 1)] {
+        let q: Vec<f32> = (0..t * heads * dk).map(|_| next()).collect();
+        let w: Vec<f32> = (0..t * heads).map(|_| next()).collect();
+        let rows: Vec<f32> = (0..n_rows * dk).map(|_| next()).collect();
+        let mut dots = vec![0f32; t * heads * n_rows];
+        for (i, o) in dots.chunks_mut(n_rows).enumerate() {
+            compress::indexer_head_dots(i, o, &q, &rows, n_rows, heads, dk, pos0, ratio);
+        }
+        for item in 0..t {
+            let (mut fused, mut split) = (vec![0f32; n_rows], vec![0f32; n_rows]);
+            compress::indexer_scores(item, &mut fused, &q, &w, &rows, n_rows, heads, dk, pos0, ratio);
+            compress::indexer_combine(item, &mut split, &dots, &w, n_rows, heads, dk, pos0, ratio);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&split), "t={t} heads={heads} item={item}");
+            assert!(fused.iter().any(|v| v.is_infinite()) || (pos0 + item + 1) / ratio >= n_rows);
+        }
+    }
+}

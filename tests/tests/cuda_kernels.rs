@@ -105,6 +105,14 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
             (t, vec![F(r.floats(t * heads * dk, -1.0, 1.0)), F(r.floats(t * heads, -1.0, 1.0)), F(r.floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
         }
+        "indexer_head_dots" => {
+            let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
+            (t * heads, vec![F(r.floats(t * heads * dk, -1.0, 1.0)), F(r.floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
+        }
+        "indexer_combine" => {
+            let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
+            (t, vec![F(r.floats(t * heads * rows.max(1), 0.0, 1.0)), F(r.floats(t * heads, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
+        }
         "top_k" => {
             let n = r.range(1, 20);
             let scores: Vec<f64> = (0..t * n).map(|i| if i % 5 == 4 { f64::NEG_INFINITY } else { r.uniform(-2.0, 2.0) as f32 as f64 }).collect();
@@ -323,7 +331,32 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
                 worst = worst.max((got[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
             }
         }
-        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens)");
+        // matmul (token-tiled): m2 tokens (not a multiple of the tile), rows in two
+        // groups when they split evenly (grouped matmul: group g reads x's g-th slice).
+        let m2 = r.range(2, 20);
+        let groups = if rows % 2 == 0 { 2 } else { 1 };
+        let x2 = r.floats(m2 * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let x2b = dev.upload(&x2).unwrap();
+        let mm_out = dev.alloc(m2 * rows * 4).unwrap();
+        let mm = ks.get(&kernel_name(QuantKernelKind::MatMul, t)).unwrap();
+        let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups)];
+        let tiles = m2.div_ceil(ds4_runtime::cuda::MATMUL_TOKENS as usize);
+        launch(&dev, &mm.func, (rows as u32, tiles as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+        let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
+        let mut worst_mm = 0f64;
+        for ti in 0..m2 {
+            for j in 0..rows {
+                let mut wrow = vec![0f32; k];
+                ds4_ir::quant::dequantize_row(t, &bytes[j * rb..][..rb], &mut wrow).unwrap();
+                let xo = (ti * groups + j / (rows / groups)) * k;
+                let xs = &x2[xo..xo + k];
+                let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                worst_mm = worst_mm.max((got2[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul {worst_mm:.2e} ({m2} tokens, {groups} groups)");
+        assert!(worst_mm < 1e-5, "{t}: matmul off by {worst_mm}");
         assert!(exact, "{t}: GPU de-quantization differs from the CPU's");
         assert!(worst < 1e-5, "{t}: matvec off by {worst}");
     }

@@ -50,31 +50,10 @@ pub fn attention<F: Real>(
     if comp_mode == COMP_SELECTED {
         visible_comp = k_sel;
     }
-    // Pass 1: the max logit, the sink included.
+    // One pass, online softmax: `mx` is the largest logit so far (the sink's first),
+    // `sum` and `out` are scaled to it and rescaled when a larger one comes.
     let mut mx = sinks[h];
-    for j in lo..hi {
-        let mut s = F::zero();
-        'sum: for c in 0..hd {
-            s += q[qb + c] * win[j * hd + c];
-        }
-        mx = mx.max(s * scale);
-    }
-    for jj in 0..visible_comp {
-        let mut r = jj as i32;
-        if comp_mode == COMP_SELECTED {
-            r = sel[t * k_sel + jj];
-        }
-        if r >= 0 {
-            let rb = (r as usize) * hd;
-            let mut s = F::zero();
-            'sum: for c in 0..hd {
-                s += q[qb + c] * comp[rb + c];
-            }
-            mx = mx.max(s * scale);
-        }
-    }
-    // Pass 2: softmax weights and the weighted sum of values (= keys).
-    let mut sum = (sinks[h] - mx).exp();
+    let mut sum = F::one();
     'par: for c in 0..hd {
         out[c] = F::zero();
     }
@@ -83,7 +62,16 @@ pub fn attention<F: Real>(
         'sum: for c in 0..hd {
             s += q[qb + c] * win[j * hd + c];
         }
-        let p = (s * scale - mx).exp();
+        s = s * scale;
+        if s > mx {
+            let corr = (mx - s).exp();
+            sum = sum * corr;
+            'par: for c in 0..hd {
+                out[c] = out[c] * corr;
+            }
+            mx = s;
+        }
+        let p = (s - mx).exp();
         sum += p;
         'par: for c in 0..hd {
             out[c] += p * win[j * hd + c];
@@ -100,7 +88,16 @@ pub fn attention<F: Real>(
             'sum: for c in 0..hd {
                 s += q[qb + c] * comp[rb + c];
             }
-            let p = (s * scale - mx).exp();
+            s = s * scale;
+            if s > mx {
+                let corr = (mx - s).exp();
+                sum = sum * corr;
+                'par: for c in 0..hd {
+                    out[c] = out[c] * corr;
+                }
+                mx = s;
+            }
+            let p = (s - mx).exp();
             sum += p;
             'par: for c in 0..hd {
                 out[c] += p * comp[rb + c];

@@ -63,6 +63,44 @@ pub fn indexer_scores<F: Real>(
     }
 }
 
+/// `indexer_scores` in two steps, for targets that want more parallelism than one item per
+/// token (the GPU: a decode step has one token). Step 1, item = (token, head): each
+/// visible row's `relu(q_h · k)` (0 for rows not yet visible). The sums run in the same
+/// order as `indexer_scores`, so the two steps give its result bit for bit.
+#[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "n_rows")]
+pub fn indexer_head_dots<F: Real>(item: usize, out: &mut [F], q: &[F], rows: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {
+    let visible = (pos0 + item / heads + 1) / ratio;
+    'par: for r in 0..n_rows {
+        let mut dot = F::zero();
+        if r < visible {
+            for c in 0..dk {
+                dot += q[item * dk + c] * rows[r * dk + c];
+            }
+        }
+        out[r] = dot.max(F::zero());
+    }
+}
+
+/// Step 2 of `indexer_scores`, item = token: the heads' relu dots weighted and summed.
+#[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "n_rows")]
+pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {
+    let visible = (pos0 + item + 1) / ratio;
+    let scale = F::one() / F::from_usize(dk).sqrt();
+    let wscale = F::one() / F::from_usize(heads).sqrt();
+    'par: for r in 0..n_rows {
+        let mut s = F::neg_infinity();
+        if r < visible {
+            s = F::zero();
+            for h in 0..heads {
+                s += dots[(item * heads + h) * n_rows + r] * scale * (w[item * heads + h] * wscale);
+            }
+        }
+        out[r] = s;
+    }
+}
+
 /// Top-k of one row of `n` scores, ties to the lower index, -inf entries never chosen;
 /// missing picks are -1. Picks come out in descending (score, -index) order.
 ///

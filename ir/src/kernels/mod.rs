@@ -28,6 +28,8 @@ pub fn all() -> Vec<crate::kir::Kernel> {
         attention::attention_kir(),
         compress::compress_pool_kir(),
         compress::indexer_scores_kir(),
+        compress::indexer_head_dots_kir(),
+        compress::indexer_combine_kir(),
         compress::top_k_kir(),
         hc::hc_mix_kir(),
         hc::hc_head_mix_kir(),

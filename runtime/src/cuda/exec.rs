@@ -97,6 +97,16 @@ impl GpuExecutor<'_> {
         self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (n as u32, m as u32), &named)
     }
 
+    /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for m > 1 tokens: the
+    /// token-tiled kernel (each de-quantized weight serves `TOKENS` tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("m", u(m)), ("groups", u(groups)), ("ng", u(ng))];
+        let blocks_y = m.div_ceil(ds4_codegen::quant::TOKENS as usize);
+        self.call(&kernel_name(QuantKernelKind::MatMul, w.ty), (n as u32, blocks_y as u32), &named)
+    }
+
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
     pub fn run(&self, state: &mut SessionState<f32>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
@@ -189,14 +199,22 @@ impl GpuExecutor<'_> {
                     let (k, n, m) = (last(0), shape[shape.len() - 1], rows(0));
                     let out = self.dev.alloc(n_out * 4)?;
                     let Arg::Ptr(x) = f(0)? else { unreachable!() };
-                    self.matvec(&out, w(1)?, x, None, None, n, k, m, 1, 1, 1, n)?;
+                    if m > 1 {
+                        self.matmul(&out, w(1)?, x, n, k, m, 1, n)?;
+                    } else {
+                        self.matvec(&out, w(1)?, x, None, None, n, k, m, 1, 1, 1, n)?;
+                    }
                     GVal::F(Rc::new(out), n_out)
                 }
                 Op::GroupedMatMul { groups } => {
                     let (kg, n, m) = (last(0) / groups, shape[shape.len() - 1], rows(0));
                     let out = self.dev.alloc(n_out * 4)?;
                     let Arg::Ptr(x) = f(0)? else { unreachable!() };
-                    self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups)?;
+                    if m > 1 {
+                        self.matmul(&out, w(1)?, x, n, kg, m, *groups, n / groups)?;
+                    } else {
+                        self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups)?;
+                    }
                     GVal::F(Rc::new(out), n_out)
                 }
                 Op::MoeExperts { clamp } => {
@@ -339,8 +357,12 @@ impl GpuExecutor<'_> {
                 }
                 Op::IndexerScores { ratio } => {
                     let (qs, n_rows) = (in_shape(0), shape[1]);
-                    let named = [("q", f(0)?), ("w", f(1)?), ("rows", f(2)?), ("n_rows", u(n_rows)), ("heads", u(qs[1])), ("dk", u(qs[2])), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
-                    self.op("indexer_scores", n_out, n_rows, &named)?
+                    // Two steps (see `indexer_head_dots`): a block per (token, head), then per token.
+                    let (heads, dk) = (qs[1], qs[2]);
+                    let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
+                    let dots = self.op("indexer_head_dots", n_out * heads, n_rows, &[&[("q", f(0)?), ("rows", f(2)?)][..], &common].concat())?;
+                    let GVal::F(dots, _) = dots else { unreachable!() };
+                    self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
                 }
                 Op::Attention { window, ratio, comp } => {
                     let (heads, hd) = (shape[1], shape[2]);

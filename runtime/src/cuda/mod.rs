@@ -29,7 +29,7 @@ pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;
-pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, QuantKernelKind};
+pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, QuantKernelKind, TOKENS as MATMUL_TOKENS};
 
 /// The line tests print when they cannot run here.
 pub fn skip_reason() -> Option<String> {
