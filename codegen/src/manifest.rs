@@ -42,7 +42,9 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         Op::TopK { .. } => &["top_k"],
         Op::RouterWeights { .. } => &["router_weights"],
         // The experts' clamped SwiGLU runs between their two mat-vecs.
-        Op::SwiGlu { .. } | Op::MoeExperts { .. } => &["swiglu"],
+        Op::SwiGlu { .. } => &["swiglu"],
+        // Prefill runs the experts grouped by expert, per (token, pick), then adds picks up.
+        Op::MoeExperts { .. } => &["swiglu", "moe_combine"],
         Op::CompressPool { .. } => &["compress_pool"],
         // GPU targets split it: one item per (token, head), then per token (the CPU
         // runs the fused `indexer_scores`; the two give the same bits).
@@ -72,7 +74,7 @@ impl KernelSet {
             // Matmuls: the mat-vec (decode) and the token-tiled matmul (prefill).
             let kinds: &[QuantKernelKind] = match node.op {
                 Op::Embed => &[QuantKernelKind::DequantRows],
-                Op::MatMul | Op::GroupedMatMul { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul],
+                Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul],
                 _ => &[QuantKernelKind::MatVec],
             };
             let ins = graph.inputs(id);

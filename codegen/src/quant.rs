@@ -80,8 +80,11 @@ impl QParam {
 pub enum QuantKernelKind {
     DequantRows,
     MatVec,
-    /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for [`TOKENS`] tokens per block:
-    /// each de-quantized weight serves every token of the block (prefill's matmuls).
+    /// `out[p·n + r] = W[e·n + r] · x[((p / x_div)·groups + r / ng)·k ..]` for up to
+    /// [`TOKENS`] rows p per block: each de-quantized weight serves all of them (prefill).
+    /// Block y is a group: rows p = y·TOKENS + t (< m) and e = 0, or, with `has_idx`,
+    /// the group's listed rows `idx[y·TOKENS + t]` (-1: none; the first is always
+    /// present) of expert `gexp[y]` (the routed experts, tokens grouped by expert).
     MatMul,
 }
 
@@ -122,7 +125,21 @@ impl QuantKernelKind {
                 s("has_sel"),
                 s("has_wts"),
             ],
-            QuantKernelKind::MatMul => vec![b("out", F32, true), b("w", Bytes, false), b("x", F32, false), s("n"), s("k"), s("row_bytes"), s("m"), s("groups"), s("ng")],
+            QuantKernelKind::MatMul => vec![
+                b("out", F32, true),
+                b("w", Bytes, false),
+                b("x", F32, false),
+                b("idx", I32, false),
+                b("gexp", I32, false),
+                s("n"),
+                s("k"),
+                s("row_bytes"),
+                s("m"),
+                s("groups"),
+                s("ng"),
+                s("x_div"),
+                s("has_idx"),
+            ],
         }
     }
 
@@ -131,7 +148,7 @@ impl QuantKernelKind {
         match self {
             QuantKernelKind::DequantRows => "[rows, 1, 1]",
             QuantKernelKind::MatVec => "[n, m, 1]",
-            QuantKernelKind::MatMul => "[n, ceil(m / 8), 1]",
+            QuantKernelKind::MatMul => "[n, ceil(m / 8) or groups, 1]",
         }
     }
 
@@ -552,13 +569,21 @@ impl Lower<'_> {
                 let run = (self.spec.sub_block as u64).min(RUN);
                 let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
                 line(1, s.decl("t0", Word::Idx, false, &format!("ds4_by * {}", self.idx(TOKENS))));
-                line(1, s.decl("row_base", Word::Idx, false, "ds4_bx * row_bytes"));
+                let listed = format!("has_idx != {}", self.idx(0));
+                let ex = s.select(&listed, &s.cast(Word::Idx, &format!("{}[ds4_by]", b("gexp"))), &self.idx(0));
+                line(1, s.decl("row_base", Word::Idx, false, &format!("({ex} * n + ds4_bx) * row_bytes")));
                 line(1, s.decl("xg", Word::Idx, false, "ds4_bx / ng"));
                 for t in 0..tm {
+                    // Row p{t} of this group, `ok{t}` whether it exists; a missing one reads
+                    // the group's first row (a valid address) and is not stored.
                     let tt = format!("t0 + {}", self.idx(t as u64));
-                    let last = format!("m - {}", self.idx(1));
-                    let clamped = s.select(&format!("{tt} < m"), &tt, &last);
-                    line(1, s.decl(&format!("xo{t}"), Word::Idx, false, &format!("({clamped} * groups + xg) * k")));
+                    let plain = s.select(&format!("{tt} < m"), &s.cast(Word::I32, &tt), &s.int_lit(Word::I32, -1));
+                    let raw = s.select(&listed, &format!("{}[ds4_by * {} + {}]", b("idx"), self.idx(TOKENS), self.idx(t as u64)), &plain);
+                    line(1, s.decl(&format!("raw{t}"), Word::I32, false, &raw));
+                    line(1, s.decl(&format!("ok{t}"), Word::Bool, false, &format!("raw{t} >= {}", s.int_lit(Word::I32, 0))));
+                    let p = s.select(&format!("ok{t}"), &s.cast(Word::Idx, &format!("raw{t}")), &s.cast(Word::Idx, "raw0"));
+                    line(1, s.decl(&format!("p{t}"), Word::Idx, false, &p));
+                    line(1, s.decl(&format!("xo{t}"), Word::Idx, false, &format!("((p{t} / x_div) * groups + xg) * k")));
                     line(1, s.decl(&format!("acc{t}"), Word::F32, true, &self.f32_const(0.0)));
                 }
                 line(1, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads)));
@@ -578,8 +603,8 @@ impl Lower<'_> {
                 // each reuse of it).
                 for t in 0..tm {
                     let store = |line: &mut dyn FnMut(usize, String), v: &str| {
-                        line(1, format!("if (ds4_tid == {} && t0 + {} < m) {{", self.idx(0), self.idx(t as u64)));
-                        line(2, format!("{}[(t0 + {}) * n + ds4_bx] = {v};", b("out"), self.idx(t as u64)));
+                        line(1, format!("if (ds4_tid == {} && ok{t}) {{", self.idx(0)));
+                        line(2, format!("{}[p{t} * n + ds4_bx] = {v};", b("out")));
                         line(1, "}".into());
                     };
                     if let Some(code) = s.block_sum_named_to_first(&format!("acc{t}"), THREADS) {

@@ -260,6 +260,13 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         vec![A::F(r.floats(t * iheads * n_rows, 0.0, 1.0)), A::F(r.floats(t * iheads, -1.0, 1.0)), A::U(n_rows), A::U(iheads), A::U(dk), A::U(pos0), A::U(ratio)],
         Body::F(|it, o, a| compress::indexer_combine(it, o, f(&a[0]), f(&a[1]), u(&a[2]), u(&a[3]), u(&a[4]), u(&a[5]), u(&a[6]))),
     ));
+    let (mk, md) = (r.range(1, 4), r.range(1, 10));
+    out.push(case(
+        moe::moe_combine_kir(),
+        t,
+        vec![A::F(r.floats(t * mk * md, -2.0, 2.0)), A::F(r.floats(t * mk, 0.0, 1.0)), A::U(mk), A::U(md)],
+        Body::F(|it, o, a| moe::moe_combine(it, o, f(&a[0]), f(&a[1]), u(&a[2]), u(&a[3]))),
+    ));
     let n = r.range(1, 12);
     let palette = [f64::NEG_INFINITY, -1.0, 0.0, 0.5, 1.0, 2.0];
     let scores: Vec<f64> = (0..t * n).map(|_| palette[r.range(0, palette.len())]).collect();

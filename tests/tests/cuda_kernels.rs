@@ -113,6 +113,10 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
             (t, vec![F(r.floats(t * heads * rows.max(1), 0.0, 1.0)), F(r.floats(t * heads, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
         }
+        "moe_combine" => {
+            let (k, d) = (r.range(1, 7), r.range(1, 24));
+            (t, vec![F(r.floats(t * k * d, -2.0, 2.0)), F(r.floats(t * k, 0.0, 1.0)), U(k), U(d)])
+        }
         "top_k" => {
             let n = r.range(1, 20);
             let scores: Vec<f64> = (0..t * n).map(|i| if i % 5 == 4 { f64::NEG_INFINITY } else { r.uniform(-2.0, 2.0) as f32 as f64 }).collect();
@@ -339,7 +343,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let x2b = dev.upload(&x2).unwrap();
         let mm_out = dev.alloc(m2 * rows * 4).unwrap();
         let mm = ks.get(&kernel_name(QuantKernelKind::MatMul, t)).unwrap();
-        let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups)];
+        let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
         let tiles = m2.div_ceil(ds4_runtime::cuda::MATMUL_TOKENS as usize);
         launch(&dev, &mm.func, (rows as u32, tiles as u32, 1), (mm.threads, 1, 1), &args).unwrap();
         let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
@@ -355,7 +359,39 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
                 worst_mm = worst_mm.max((got2[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
             }
         }
-        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul {worst_mm:.2e} ({m2} tokens, {groups} groups)");
+        // matmul over listed rows (the routed experts grouped by expert): the matrix as
+        // `ne` experts of rows / ne rows, row p of x belongs to expert p % ne.
+        let ne = if rows % 2 == 0 { 2 } else { 1 };
+        let per = rows / ne;
+        let sel: Vec<i32> = (0..m2).map(|p| (p % ne) as i32).collect();
+        let (mut idx, mut gexp) = (Vec::new(), Vec::new());
+        for e in 0..ne {
+            let mine: Vec<i32> = (0..m2 as i32).filter(|&p| sel[p as usize] == e as i32).collect();
+            for chunk in mine.chunks(8) {
+                idx.extend_from_slice(chunk);
+                idx.extend(std::iter::repeat_n(-1, 8 - chunk.len()));
+                gexp.push(e as i32);
+            }
+        }
+        let (idxb, gexpb) = (dev.upload(&idx).unwrap(), dev.upload(&gexp).unwrap());
+        let ml_out = dev.alloc(m2 * per * 4).unwrap();
+        let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
+        launch(&dev, &mm.func, (per as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+        let got3: Vec<f32> = ml_out.read(m2 * per).unwrap();
+        let mut worst_listed = 0f64;
+        for p in 0..m2 {
+            for j in 0..per {
+                let row = sel[p] as usize * per + j;
+                let mut wrow = vec![0f32; k];
+                ds4_ir::quant::dequantize_row(t, &bytes[row * rb..][..rb], &mut wrow).unwrap();
+                let xs = &x2[p * k..(p + 1) * k];
+                let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                worst_listed = worst_listed.max((got3[p * per + j] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul {worst_mm:.2e} ({m2} tokens, {groups} groups), by expert {worst_listed:.2e} ({ne} experts)");
+        assert!(worst_listed < 1e-5, "{t}: expert-grouped matmul off by {worst_listed}");
         assert!(worst_mm < 1e-5, "{t}: matmul off by {worst_mm}");
         assert!(exact, "{t}: GPU de-quantization differs from the CPU's");
         assert!(worst < 1e-5, "{t}: matvec off by {worst}");

@@ -41,6 +41,7 @@ pub fn all() -> Vec<crate::kir::Kernel> {
         moe::router_hash_kir(),
         moe::router_weights_kir(),
         moe::swiglu_kir(),
+        moe::moe_combine_kir(),
         roundtrip::fp8_roundtrip_kir(),
         roundtrip::hadamard_fp4_kir(),
     ]

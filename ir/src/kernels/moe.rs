@@ -67,3 +67,17 @@ pub fn swiglu<F: Real>(item: usize, out: &mut [F], g: &[F], u: &[F], n: usize, c
         out[i] = gv / (F::one() + (-gv).exp()) * uv;
     }
 }
+
+/// The routed experts' output of one token from per-pick rows: `Σ_jp wts[jp] · y[jp]`
+/// (picks in order). Targets that run the experts' down projection per (token, pick)
+/// pair, grouped by expert, add the picks up with this.
+#[ds4_macros::kernel(out = "d")]
+pub fn moe_combine<F: Real>(item: usize, out: &mut [F], y: &[F], wts: &[F], k: usize, d: usize) {
+    'par: for c in 0..d {
+        let mut acc = F::zero();
+        for jp in 0..k {
+            acc += wts[item * k + jp] * y[(item * k + jp) * d + c];
+        }
+        out[c] = acc;
+    }
+}

@@ -13,6 +13,9 @@ use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use std::collections::HashMap;
+
+/// Rows per block of the token-tiled matmul.
+const TOKENS: usize = ds4_codegen::quant::TOKENS as usize;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -101,9 +104,30 @@ impl GpuExecutor<'_> {
     /// token-tiled kernel (each de-quantized weight serves `TOKENS` tokens).
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
+        let blocks_y = m.div_ceil(TOKENS);
+        self.matmul_launch(out, w, x, n, k, m, groups, ng, 1, None, blocks_y)
+    }
+
+    /// The `MatMul` kernel; `listed`: (row lists, experts) of `blocks_y` expert groups.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_launch(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
-        let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("m", u(m)), ("groups", u(groups)), ("ng", u(ng))];
-        let blocks_y = m.div_ceil(ds4_codegen::quant::TOKENS as usize);
+        let (idx, gexp) = listed.unwrap_or((self.dummy.ptr, self.dummy.ptr));
+        let named = [
+            ("out", Arg::Ptr(out.ptr)),
+            ("w", Arg::Ptr(w.ptr)),
+            ("x", Arg::Ptr(x)),
+            ("idx", Arg::Ptr(idx)),
+            ("gexp", Arg::Ptr(gexp)),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(w.row_bytes(k))),
+            ("m", u(m)),
+            ("groups", u(groups)),
+            ("ng", u(ng)),
+            ("x_div", u(x_div)),
+            ("has_idx", u(listed.is_some() as usize)),
+        ];
         self.call(&kernel_name(QuantKernelKind::MatMul, w.ty), (n as u32, blocks_y as u32), &named)
     }
 
@@ -222,9 +246,26 @@ impl GpuExecutor<'_> {
                     let (gate, up, down) = (w(3)?, w(4)?, w(5)?);
                     let (d, k, t) = (last(0), last(1), rows(0));
                     let (ff, n_exp) = (gate.ne[1] as usize, gate.ne[2] as usize);
-                    if let Some(bad) = host_i(1)?.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
+                    let sel_host = host_i(1)?;
+                    if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
                         return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
                     }
+                    if t > 1 {
+                        // Prefill: the (token, pick) rows grouped by expert, TOKENS to a
+                        // group, so each de-quantized expert weight serves the group.
+                        let (idx, gexp) = expert_groups(&sel_host, n_exp);
+                        let (idx, gexp, ng_) = (self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len());
+                        let listed = Some((idx.ptr, gexp.ptr));
+                        let gb = self.dev.alloc(t * k * ff * 4)?;
+                        let ub = self.dev.alloc(t * k * ff * 4)?;
+                        self.matmul_launch(&gb, gate, a, ff, d, t * k, 1, ff, k, listed, ng_)?;
+                        self.matmul_launch(&ub, up, a, ff, d, t * k, 1, ff, k, listed, ng_)?;
+                        let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
+                        let GVal::F(h, _) = h else { unreachable!() };
+                        let y = self.dev.alloc(t * k * d * 4)?;
+                        self.matmul_launch(&y, down, h.ptr, d, ff, t * k, 1, d, 1, listed, ng_)?;
+                        self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
+                    } else {
                     // Per (token, pick): gate and up rows of the picked expert, then SwiGLU.
                     let gb = self.dev.alloc(t * k * ff * 4)?;
                     let ub = self.dev.alloc(t * k * ff * 4)?;
@@ -236,6 +277,7 @@ impl GpuExecutor<'_> {
                     let out = self.dev.alloc(n_out * 4)?;
                     self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
                     GVal::F(Rc::new(out), n_out)
+                    }
                 }
                 Op::LastRow => match vals.get(&ins[0].index()) {
                     Some(GVal::F(b, n)) => {
@@ -417,5 +459,44 @@ impl GpuExecutor<'_> {
             }
         }
         Ok(outs)
+    }
+}
+
+/// Row lists for the expert-grouped matmul: the (token, pick) rows `p` of `sel` by expert,
+/// in order, `TOKENS` to a group (-1 pads a group's tail), and each group's expert.
+fn expert_groups(sel: &[i32], n_exp: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut by_expert: Vec<Vec<i32>> = vec![Vec::new(); n_exp];
+    for (p, &e) in sel.iter().enumerate() {
+        by_expert[e as usize].push(p as i32);
+    }
+    let (mut idx, mut gexp) = (Vec::new(), Vec::new());
+    for (e, rows) in by_expert.iter().enumerate() {
+        for chunk in rows.chunks(TOKENS) {
+            idx.extend_from_slice(chunk);
+            idx.extend(std::iter::repeat_n(-1, TOKENS - chunk.len()));
+            gexp.push(e as i32);
+        }
+    }
+    (idx, gexp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_groups_list_every_row_once_by_expert() {
+        let sel = [2, 0, 2, 2, 1, 2, 2, 2, 2, 2, 2, 0];
+        let (idx, gexp) = expert_groups(&sel, 4);
+        assert_eq!(gexp, vec![0, 1, 2, 2]);
+        assert_eq!(idx.len(), gexp.len() * TOKENS);
+        let mut seen: Vec<i32> = idx.iter().copied().filter(|&p| p >= 0).collect();
+        seen.sort();
+        assert_eq!(seen, (0..sel.len() as i32).collect::<Vec<_>>());
+        for (g, &e) in gexp.iter().enumerate() {
+            let rows = &idx[g * TOKENS..(g + 1) * TOKENS];
+            assert!(rows[0] >= 0, "a group's first row is always present");
+            assert!(rows.iter().filter(|&&p| p >= 0).all(|&p| sel[p as usize] == e));
+        }
     }
 }
