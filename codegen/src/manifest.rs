@@ -49,7 +49,8 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         // GPU targets split it: one item per (token, head), then per token (the CPU
         // runs the fused `indexer_scores`; the two give the same bits).
         Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
-        Op::Attention { .. } => &["attention"],
+        // A few items (decode): the row list in chunks over more blocks, then a merge.
+        Op::Attention { .. } => &["attention", "attention_partial", "attention_merge"],
         Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
             &[]
         }

@@ -1,6 +1,6 @@
 //! The semantic points the golden README pins down, checked on hand-made inputs.
 
-use ds4_ir::kernels::{compress, hc, roundtrip};
+use ds4_ir::kernels::{attention, compress, hc, roundtrip};
 use ds4_ir::*;
 
 #[test]
@@ -128,6 +128,43 @@ fn two_step_indexer_equals_the_fused_one() {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&fused), bits(&split), "t={t} heads={heads} item={item}");
             assert!(fused.iter().any(|v| v.is_infinite()) || (pos0 + item + 1) / ratio >= n_rows);
+        }
+    }
+}
+
+/// The GPU's two-step attention (chunks of the row list, then a merge with the sink)
+/// equals the one-pass kernel up to rounding, empty chunks and unused picks included.
+#[test]
+fn two_step_attention_equals_the_fused_one() {
+    let mut x = 0x0fed_cba9_8765_4321u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
+    };
+    let (heads, hd, window, ratio) = (3, 16, 6, 2);
+    for (t, pos0, comp_mode, nc) in [(1usize, 30usize, attention::COMP_SELECTED, 8usize), (4, 9, attention::COMP_CAUSAL, 3), (2, 0, attention::COMP_NONE, 5), (3, 12, attention::COMP_SELECTED, 1)] {
+        let win_pos0 = pos0.saturating_sub(window - 1);
+        let n_win = pos0 + t - win_pos0;
+        let (n_comp, k_sel) = (5, 4);
+        let q: Vec<f64> = (0..t * heads * hd).map(|_| next()).collect();
+        let win: Vec<f64> = (0..n_win * hd).map(|_| next()).collect();
+        let comp: Vec<f64> = (0..n_comp * hd).map(|_| next()).collect();
+        let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % 3 == 2 { -1 } else { (i % n_comp) as i32 }).collect();
+        let sinks: Vec<f64> = (0..heads).map(|_| next()).collect();
+        let scale = 0.25;
+        let mut part = vec![0f64; t * heads * nc * (hd + 2)];
+        for (i, o) in part.chunks_mut(hd + 2).enumerate() {
+            attention::attention_partial(i, o, &q, &win, &comp, &sel, heads, hd, pos0, win_pos0, n_win, window, n_comp, comp_mode, ratio, k_sel, scale, nc);
+        }
+        for item in 0..t * heads {
+            let (mut fused, mut split) = (vec![0f64; hd], vec![0f64; hd]);
+            attention::attention(item, &mut fused, &q, &win, &comp, &sel, &sinks, heads, hd, pos0, win_pos0, n_win, window, n_comp, comp_mode, ratio, k_sel, scale);
+            attention::attention_merge(item, &mut split, &part, &sinks, heads, hd, nc);
+            for (a, b) in fused.iter().zip(&split) {
+                assert!((a - b).abs() < 1e-12, "t={t} nc={nc} item={item}: {a} vs {b}");
+            }
         }
     }
 }

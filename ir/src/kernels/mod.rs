@@ -26,6 +26,8 @@ pub fn all() -> Vec<crate::kir::Kernel> {
         norm::add_kir(),
         rope::rope_kir(),
         attention::attention_kir(),
+        attention::attention_partial_kir(),
+        attention::attention_merge_kir(),
         compress::compress_pool_kir(),
         compress::indexer_scores_kir(),
         compress::indexer_head_dots_kir(),

@@ -14,6 +14,9 @@ use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use std::collections::HashMap;
 
+/// Blocks an attention launch aims for (the H200 has 132 SMs).
+const ATTENTION_BLOCKS: usize = 528;
+
 /// Rows per block of the token-tiled matmul.
 const TOKENS: usize = ds4_codegen::quant::TOKENS as usize;
 use std::rc::Rc;
@@ -437,7 +440,18 @@ impl GpuExecutor<'_> {
                         ("k_sel", u(k_sel)),
                         ("scale", fl(scale)),
                     ];
-                    self.op("attention", n_out, hd, &named)?
+                    // Fewer items than ~4 per SM: split each item's rows over `nc` blocks.
+                    let items = n_out / hd;
+                    let nc = (ATTENTION_BLOCKS / items.max(1)).clamp(1, 32);
+                    if nc == 1 {
+                        self.op("attention", n_out, hd, &named)?
+                    } else {
+                        let mut pnamed: Vec<(&str, Arg)> = named.iter().filter(|(n, _)| *n != "sinks").copied().collect();
+                        pnamed.push(("nc", u(nc)));
+                        let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
+                        let GVal::F(part, _) = part else { unreachable!() };
+                        self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr)), ("sinks", vecf(2)?), ("heads", u(heads)), ("hd", u(hd)), ("nc", u(nc))])?
+                    }
                 }
             };
             profile::stop(self.dev, t_node, node.op.name())?;
