@@ -8,7 +8,8 @@
 //! - `compile.rs`: NVRTC, one module per kernel;
 //! - `placement.rs`: weights as raw GGUF bytes, 2 MiB-aligned per tensor (or packed);
 //! - `exec.rs`: the graph executor, `crate::exec`'s semantics on device buffers;
-//! - `slots.rs`: the stateful ops' bookkeeping (host side);
+//! - `crate::slot_ops`: the stateful ops' bookkeeping (host side, shared with the CPU);
+//! - `profile.rs`: `DS4_PROFILE=1`, device time per op kind;
 //! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
 //! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI.
 //!
