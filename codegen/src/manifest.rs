@@ -46,11 +46,10 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         // Prefill runs the experts grouped by expert, per (token, pick), then adds picks up.
         Op::MoeExperts { .. } => &["swiglu", "moe_combine"],
         Op::CompressPool { .. } => &["compress_pool"],
-        // GPU targets split it: one item per (token, head), then per token (the CPU
-        // runs the fused `indexer_scores`; the two give the same bits).
+        // One item per (token, head), then per token.
         Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
-        // A few items (decode): the row list in chunks over more blocks, then a merge.
-        Op::Attention { .. } => &["attention", "attention_partial", "attention_merge"],
+        // The row list in chunks (more of them when there are few items), then a merge.
+        Op::Attention { .. } => &["attention_partial", "attention_merge"],
         Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
             &[]
         }

@@ -12,14 +12,14 @@ fn kernel(name: &str) -> Kernel {
 
 #[test]
 fn cuda_sm120_snapshots() {
-    for name in ["rms_norm", "rope", "attention"] {
+    for name in ["rms_norm", "rope", "attention_partial"] {
         insta::assert_snapshot!(format!("cuda_sm120_{name}"), render(&kernel(name), Target::CudaSm120));
     }
 }
 
 #[test]
 fn wgsl_snapshots() {
-    for name in ["rms_norm", "rope", "attention"] {
+    for name in ["rms_norm", "rope", "attention_partial"] {
         insta::assert_snapshot!(format!("wgsl_{name}"), render(&kernel(name), Target::Wgsl));
     }
 }

@@ -102,10 +102,10 @@ fn graph_building_refuses_mismatched_types() {
     assert!(g.add("bad", Op::Reshape { shape: Shape::of(&[Dim::Const(64)]) }, &[x]).is_err());
 }
 
-/// The GPU's two-step indexer (`indexer_head_dots` then `indexer_combine`) gives
-/// `indexer_scores` bit for bit, invisible rows (-inf) included.
+/// The two-step indexer against the formula written out here: Σ_h relu(q_h·k) / sqrt(dk)
+/// · w_h / sqrt(heads), in that order, and -inf for rows not visible yet.
 #[test]
-fn two_step_indexer_equals_the_fused_one() {
+fn indexer_scores_follow_the_formula() {
     let mut x = 0x1234_5678_9abc_def0u64;
     let mut next = || {
         x ^= x << 13;
@@ -122,20 +122,33 @@ fn two_step_indexer_equals_the_fused_one() {
             compress::indexer_head_dots(i, o, &q, &rows, n_rows, heads, dk, pos0, ratio);
         }
         for item in 0..t {
-            let (mut fused, mut split) = (vec![0f32; n_rows], vec![0f32; n_rows]);
-            compress::indexer_scores(item, &mut fused, &q, &w, &rows, n_rows, heads, dk, pos0, ratio);
-            compress::indexer_combine(item, &mut split, &dots, &w, n_rows, heads, dk, pos0, ratio);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&fused), bits(&split), "t={t} heads={heads} item={item}");
-            assert!(fused.iter().any(|v| v.is_infinite()) || (pos0 + item + 1) / ratio >= n_rows);
+            let mut got = vec![0f32; n_rows];
+            compress::indexer_combine(item, &mut got, &dots, &w, n_rows, heads, dk, pos0, ratio);
+            let visible = (pos0 + item + 1) / ratio;
+            let (scale, wscale) = (1.0 / (dk as f32).sqrt(), 1.0 / (heads as f32).sqrt());
+            for (r, &g) in got.iter().enumerate() {
+                let mut want = f32::NEG_INFINITY;
+                if r < visible {
+                    want = 0.0;
+                    for h in 0..heads {
+                        let mut dot = 0f32;
+                        for c in 0..dk {
+                            dot += q[(item * heads + h) * dk + c] * rows[r * dk + c];
+                        }
+                        want += dot.max(0.0) * scale * (w[item * heads + h] * wscale);
+                    }
+                }
+                assert_eq!(g.to_bits(), want.to_bits(), "t={t} heads={heads} item={item} row={r}");
+            }
         }
     }
 }
 
-/// The GPU's two-step attention (chunks of the row list, then a merge with the sink)
-/// equals the one-pass kernel up to rounding, empty chunks and unused picks included.
+/// Attention (chunks, then the merge) against a plain two-pass softmax over the visible
+/// rows and the sink, written out here, for several chunk counts: empty chunks and unused
+/// picks included.
 #[test]
-fn two_step_attention_equals_the_fused_one() {
+fn attention_matches_a_plain_softmax_for_any_chunking() {
     let mut x = 0x0fed_cba9_8765_4321u64;
     let mut next = || {
         x ^= x << 13;
@@ -143,8 +156,8 @@ fn two_step_attention_equals_the_fused_one() {
         x ^= x << 17;
         ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
     };
-    let (heads, hd, window, ratio) = (3, 16, 6, 2);
-    for (t, pos0, comp_mode, nc) in [(1usize, 30usize, attention::COMP_SELECTED, 8usize), (4, 9, attention::COMP_CAUSAL, 3), (2, 0, attention::COMP_NONE, 5), (3, 12, attention::COMP_SELECTED, 1)] {
+    let (heads, hd, window, ratio) = (3usize, 16usize, 6usize, 2usize);
+    for (t, pos0, comp_mode) in [(1usize, 30usize, attention::COMP_SELECTED), (4, 9, attention::COMP_CAUSAL), (2, 0, attention::COMP_NONE), (3, 12, attention::COMP_SELECTED)] {
         let win_pos0 = pos0.saturating_sub(window - 1);
         let n_win = pos0 + t - win_pos0;
         let (n_comp, k_sel) = (5, 4);
@@ -154,16 +167,37 @@ fn two_step_attention_equals_the_fused_one() {
         let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % 3 == 2 { -1 } else { (i % n_comp) as i32 }).collect();
         let sinks: Vec<f64> = (0..heads).map(|_| next()).collect();
         let scale = 0.25;
-        let mut part = vec![0f64; t * heads * nc * (hd + 2)];
-        for (i, o) in part.chunks_mut(hd + 2).enumerate() {
-            attention::attention_partial(i, o, &q, &win, &comp, &sel, heads, hd, pos0, win_pos0, n_win, window, n_comp, comp_mode, ratio, k_sel, scale, nc);
-        }
-        for item in 0..t * heads {
-            let (mut fused, mut split) = (vec![0f64; hd], vec![0f64; hd]);
-            attention::attention(item, &mut fused, &q, &win, &comp, &sel, &sinks, heads, hd, pos0, win_pos0, n_win, window, n_comp, comp_mode, ratio, k_sel, scale);
-            attention::attention_merge(item, &mut split, &part, &sinks, heads, hd, nc);
-            for (a, b) in fused.iter().zip(&split) {
-                assert!((a - b).abs() < 1e-12, "t={t} nc={nc} item={item}: {a} vs {b}");
+        for nc in [1usize, 2, 5, 8] {
+            let mut part = vec![0f64; t * heads * nc * (hd + 2)];
+            for (i, o) in part.chunks_mut(hd + 2).enumerate() {
+                attention::attention_partial(i, o, &q, &win, &comp, &sel, &sinks, heads, hd, pos0, win_pos0, n_win, window, n_comp, comp_mode, ratio, k_sel, scale, nc);
+            }
+            for item in 0..t * heads {
+                let mut got = vec![0f64; hd];
+                attention::attention_merge(item, &mut got, &part, hd, nc);
+                // The visible rows: window positions (pos - window, pos], then compressed.
+                let (tok, h) = (item / heads, item % heads);
+                let pos = pos0 + tok;
+                let mut rows: Vec<&[f64]> = Vec::new();
+                for p in (pos + 1).saturating_sub(window)..=pos {
+                    rows.push(&win[(p - win_pos0) * hd..][..hd]);
+                }
+                let picks: Vec<i32> = match comp_mode {
+                    attention::COMP_CAUSAL => (0..((pos + 1) / ratio).min(n_comp) as i32).collect(),
+                    attention::COMP_SELECTED => sel[tok * k_sel..][..k_sel].to_vec(),
+                    _ => Vec::new(),
+                };
+                for r in picks.into_iter().filter(|&r| r >= 0) {
+                    rows.push(&comp[r as usize * hd..][..hd]);
+                }
+                let qv = &q[item * hd..][..hd];
+                let logits: Vec<f64> = rows.iter().map(|r| r.iter().zip(qv).map(|(a, b)| a * b).sum::<f64>() * scale).collect();
+                let mx = logits.iter().fold(sinks[h], |m, &l| m.max(l));
+                let denom = (sinks[h] - mx).exp() + logits.iter().map(|l| (l - mx).exp()).sum::<f64>();
+                for c in 0..hd {
+                    let want = rows.iter().zip(&logits).map(|(r, l)| (l - mx).exp() * r[c]).sum::<f64>() / denom;
+                    assert!((got[c] - want).abs() < 1e-12, "t={t} nc={nc} item={item} c={c}: {} vs {want}", got[c]);
+                }
             }
         }
     }

@@ -364,8 +364,11 @@ impl<'a> Executor<'a> {
                     let (q, wt, rws) = (f(0), f(1), f(2));
                     let (qs, n_rows) = (in_shape(0), shape[1]);
                     let (heads, dk) = (qs[1], qs[2]);
+                    // Per (token, head), then per token (`indexer_head_dots`).
+                    let mut dots = zeros::<F>(n_out * heads);
+                    launch(&mut dots, n_rows, |i, o| k::indexer_head_dots::indexer_head_dots(i, o, q, rws, n_rows, heads, dk, bind.pos0, *ratio));
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, n_rows, |i, o| k::indexer_scores::indexer_scores(i, o, q, wt, rws, n_rows, heads, dk, bind.pos0, *ratio));
+                    launch(&mut out, n_rows, |i, o| k::indexer_combine::indexer_combine(i, o, &dots, wt, n_rows, heads, dk, bind.pos0, *ratio));
                     Value::F(out)
                 }
                 Op::Attention { window, ratio, comp } => {
@@ -383,10 +386,13 @@ impl<'a> Executor<'a> {
                         CompMode::Selected => attention::COMP_SELECTED,
                     };
                     let scale = F::one() / F::from_usize(hd).sqrt();
-                    let mut out = zeros::<F>(n_out);
-                    launch(&mut out, hd, |i, o| {
-                        k::attention::attention(i, o, q, win, comp_rows, sel, &sinks, heads, hd, bind.pos0, win_pos0, n_win, *window, n_comp, mode, *ratio, k_sel, scale)
+                    // One chunk per (token, head) here (`attention_partial`), then the merge.
+                    let mut part = zeros::<F>(n_out / hd * (hd + 2));
+                    launch(&mut part, hd + 2, |i, o| {
+                        k::attention_partial::attention_partial(i, o, q, win, comp_rows, sel, &sinks, heads, hd, bind.pos0, win_pos0, n_win, *window, n_comp, mode, *ratio, k_sel, scale, 1)
                     });
+                    let mut out = zeros::<F>(n_out);
+                    launch(&mut out, hd, |i, o| k::attention_merge::attention_merge(i, o, &part, hd, 1));
                     Value::F(out)
                 }
             };

@@ -9,111 +9,15 @@ pub const COMP_CAUSAL: usize = 1;
 /// The rows the indexer selected (CSA); -1 entries are unused picks.
 pub const COMP_SELECTED: usize = 2;
 
-/// Work item = (token, head). `win` holds window keys for positions `win_pos0 ..`,
-/// `comp` the compressed rows, `sel` `[T, k_sel]` indexer picks.
-#[allow(clippy::too_many_arguments)]
-#[ds4_macros::kernel(out = "hd")]
-pub fn attention<F: Real>(
-    item: usize,
-    out: &mut [F],
-    q: &[F],
-    win: &[F],
-    comp: &[F],
-    sel: &[i32],
-    sinks: &[F],
-    heads: usize,
-    hd: usize,
-    pos0: usize,
-    win_pos0: usize,
-    n_win: usize,
-    window: usize,
-    n_comp: usize,
-    comp_mode: usize,
-    ratio: usize,
-    k_sel: usize,
-    scale: F,
-) {
-    let t = item / heads;
-    let h = item % heads;
-    let pos = pos0 + t;
-    let qb = item * hd;
-    // Window keys at positions (pos - window, pos].
-    let mut lo = 0;
-    if pos + 1 > window + win_pos0 {
-        lo = pos + 1 - window - win_pos0;
-    }
-    let hi = (pos + 1 - win_pos0).min(n_win);
-    let mut visible_comp = 0;
-    if comp_mode == COMP_CAUSAL {
-        visible_comp = ((pos + 1) / ratio).min(n_comp);
-    }
-    if comp_mode == COMP_SELECTED {
-        visible_comp = k_sel;
-    }
-    // One pass, online softmax: `mx` is the largest logit so far (the sink's first),
-    // `sum` and `out` are scaled to it and rescaled when a larger one comes.
-    let mut mx = sinks[h];
-    let mut sum = F::one();
-    'par: for c in 0..hd {
-        out[c] = F::zero();
-    }
-    for j in lo..hi {
-        let mut s = F::zero();
-        'sum: for c in 0..hd {
-            s += q[qb + c] * win[j * hd + c];
-        }
-        s = s * scale;
-        if s > mx {
-            let corr = (mx - s).exp();
-            sum = sum * corr;
-            'par: for c in 0..hd {
-                out[c] = out[c] * corr;
-            }
-            mx = s;
-        }
-        let p = (s - mx).exp();
-        sum += p;
-        'par: for c in 0..hd {
-            out[c] += p * win[j * hd + c];
-        }
-    }
-    for jj in 0..visible_comp {
-        let mut r = jj as i32;
-        if comp_mode == COMP_SELECTED {
-            r = sel[t * k_sel + jj];
-        }
-        if r >= 0 {
-            let rb = (r as usize) * hd;
-            let mut s = F::zero();
-            'sum: for c in 0..hd {
-                s += q[qb + c] * comp[rb + c];
-            }
-            s = s * scale;
-            if s > mx {
-                let corr = (mx - s).exp();
-                sum = sum * corr;
-                'par: for c in 0..hd {
-                    out[c] = out[c] * corr;
-                }
-                mx = s;
-            }
-            let p = (s - mx).exp();
-            sum += p;
-            'par: for c in 0..hd {
-                out[c] += p * comp[rb + c];
-            }
-        }
-    }
-    'par: for c in 0..hd {
-        out[c] = out[c] / sum;
-    }
-}
-
-/// `attention` in two steps, for targets that want more parallelism than one item per
-/// (token, head) (the GPU at decode: 64 items). Step 1, item = ((token, head), chunk):
-/// chunk `chunk` of `nc` of the row list (window rows, then compressed rows) with its own
-/// online softmax, no sink; `out` = the unnormalized weighted sum [hd], then the chunk's
-/// max logit (-inf if it saw no row) and its sum of exponentials.
+/// Attention of one query head over its window rows and compressed rows, in two steps:
+/// the row list (window rows, then compressed rows) in `nc` chunks, then the merge.
+/// Chunks let a GPU give a decode step (64 items) many blocks; the CPU uses one.
+///
+/// Step 1, item = ((token, head), chunk): the chunk's rows with an online softmax, chunk
+/// 0 starting from the sink (so that with one chunk the merge changes no bit); `out` =
+/// the unnormalized weighted sum [hd], then the chunk's max logit (-inf if it saw
+/// nothing) and its sum of exponentials. `win` holds window keys for positions
+/// `win_pos0 ..`, `comp` the compressed rows, `sel` `[T, k_sel]` indexer picks.
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "hd + 2")]
 pub fn attention_partial<F: Real>(
@@ -123,6 +27,7 @@ pub fn attention_partial<F: Real>(
     win: &[F],
     comp: &[F],
     sel: &[i32],
+    sinks: &[F],
     heads: usize,
     hd: usize,
     pos0: usize,
@@ -159,6 +64,10 @@ pub fn attention_partial<F: Real>(
     let b = (chunk + 1) * n_rows / nc;
     let mut mx = F::neg_infinity();
     let mut sum = F::zero();
+    if chunk == 0 {
+        mx = sinks[th % heads];
+        sum = F::one();
+    }
     'par: for c in 0..hd {
         out[c] = F::zero();
     }
@@ -223,16 +132,15 @@ pub fn attention_partial<F: Real>(
     }
 }
 
-/// Step 2 of `attention`, item = (token, head): the chunks and the sink merged.
+/// Step 2, item = (token, head): the chunks merged (the sink is in chunk 0), normalized.
 #[ds4_macros::kernel(out = "hd")]
-pub fn attention_merge<F: Real>(item: usize, out: &mut [F], part: &[F], sinks: &[F], heads: usize, hd: usize, nc: usize) {
-    let h = item % heads;
+pub fn attention_merge<F: Real>(item: usize, out: &mut [F], part: &[F], hd: usize, nc: usize) {
     let w = hd + 2;
-    let mut mx = sinks[h];
+    let mut mx = F::neg_infinity();
     for c in 0..nc {
         mx = mx.max(part[(item * nc + c) * w + hd]);
     }
-    let mut sum = (sinks[h] - mx).exp();
+    let mut sum = F::zero();
     for c in 0..nc {
         let m = part[(item * nc + c) * w + hd];
         if m > F::neg_infinity() {

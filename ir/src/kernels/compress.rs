@@ -27,46 +27,11 @@ pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], 
     }
 }
 
-/// Indexer scores of one query token against every compressed indexer row:
-/// `Σ_h (w_h / sqrt(heads)) · relu(q_h · k) / sqrt(dk)`.
-/// Rows the query may not see yet get -inf.
-#[allow(clippy::too_many_arguments)]
-#[ds4_macros::kernel(out = "n_rows")]
-pub fn indexer_scores<F: Real>(
-    item: usize,
-    out: &mut [F],
-    q: &[F],
-    w: &[F],
-    rows: &[F],
-    n_rows: usize,
-    heads: usize,
-    dk: usize,
-    pos0: usize,
-    ratio: usize,
-) {
-    let visible = (pos0 + item + 1) / ratio;
-    let scale = F::one() / F::from_usize(dk).sqrt();
-    let wscale = F::one() / F::from_usize(heads).sqrt();
-    'par: for r in 0..n_rows {
-        let mut s = F::neg_infinity();
-        if r < visible {
-            s = F::zero();
-            for h in 0..heads {
-                let mut dot = F::zero();
-                for c in 0..dk {
-                    dot += q[(item * heads + h) * dk + c] * rows[r * dk + c];
-                }
-                s += dot.max(F::zero()) * scale * (w[item * heads + h] * wscale);
-            }
-        }
-        out[r] = s;
-    }
-}
-
-/// `indexer_scores` in two steps, for targets that want more parallelism than one item per
-/// token (the GPU: a decode step has one token). Step 1, item = (token, head): each
-/// visible row's `relu(q_h · k)` (0 for rows not yet visible). The sums run in the same
-/// order as `indexer_scores`, so the two steps give its result bit for bit.
+/// Indexer scores of each query token against every compressed indexer row,
+/// `Σ_h (w_h / sqrt(heads)) · relu(q_h · k) / sqrt(dk)`, -inf for rows the query may not
+/// see yet; in two steps, so that a decode step (one token) still fills a GPU.
+///
+/// Step 1, item = (token, head): each visible row's `relu(q_h · k)` (0 for the others).
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "n_rows")]
 pub fn indexer_head_dots<F: Real>(item: usize, out: &mut [F], q: &[F], rows: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {
@@ -82,7 +47,7 @@ pub fn indexer_head_dots<F: Real>(item: usize, out: &mut [F], q: &[F], rows: &[F
     }
 }
 
-/// Step 2 of `indexer_scores`, item = token: the heads' relu dots weighted and summed.
+/// Step 2, item = token: the heads' relu dots weighted and summed.
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "n_rows")]
 pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {

@@ -440,18 +440,15 @@ impl GpuExecutor<'_> {
                         ("k_sel", u(k_sel)),
                         ("scale", fl(scale)),
                     ];
-                    // Fewer items than ~4 per SM: split each item's rows over `nc` blocks.
+                    // Each item's rows in `nc` chunks, then the merge: few items (decode) get
+                    // more chunks, so that the launch has ~4 blocks per SM.
                     let items = n_out / hd;
                     let nc = (ATTENTION_BLOCKS / items.max(1)).clamp(1, 32);
-                    if nc == 1 {
-                        self.op("attention", n_out, hd, &named)?
-                    } else {
-                        let mut pnamed: Vec<(&str, Arg)> = named.iter().filter(|(n, _)| *n != "sinks").copied().collect();
-                        pnamed.push(("nc", u(nc)));
-                        let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
-                        let GVal::F(part, _) = part else { unreachable!() };
-                        self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr)), ("sinks", vecf(2)?), ("heads", u(heads)), ("hd", u(hd)), ("nc", u(nc))])?
-                    }
+                    let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
+                    pnamed.push(("nc", u(nc)));
+                    let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
+                    let GVal::F(part, _) = part else { unreachable!() };
+                    self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr)), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };
             profile::stop(self.dev, t_node, node.op.name())?;
