@@ -179,11 +179,7 @@ impl<'m, F: Compute> Session<'m, F> {
 
     /// Prefill in chunks of `chunk` tokens; returns the last token's logits ([vocab]).
     pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<F>, ModelError> {
-        let mut last = Vec::new();
-        for c in ids.chunks(chunk.max(1)) {
-            last = self.feed_last(c)?;
-        }
-        Ok(last)
+        last_of_chunks(ids, chunk, |c| self.feed_last(c))
     }
 
     /// Prefill in chunks of `chunk` tokens; returns the logits of every token.
@@ -207,4 +203,14 @@ impl<'m, F: Compute> Session<'m, F> {
         self.state.truncate(self.pos);
         Ok(())
     }
+}
+
+/// Feeds `ids` in chunks of `chunk` through `feed_last`; the last chunk's result (every
+/// backend's `prefill_last`).
+pub(crate) fn last_of_chunks<T>(ids: &[u32], chunk: usize, mut feed_last: impl FnMut(&[u32]) -> Result<Vec<T>, ModelError>) -> Result<Vec<T>, ModelError> {
+    let mut last = Vec::new();
+    for c in ids.chunks(chunk.max(1)) {
+        last = feed_last(c)?;
+    }
+    Ok(last)
 }

@@ -150,11 +150,7 @@ impl<'m> CudaSession<'m> {
     }
 
     pub fn prefill_last(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
-        let mut last = Vec::new();
-        for c in ids.chunks(chunk.max(1)) {
-            last = self.feed_last(c)?;
-        }
-        Ok(last)
+        crate::session::last_of_chunks(ids, chunk, |c| self.feed_last(c))
     }
 
     pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
