@@ -88,6 +88,16 @@ fn bad_inputs_get_clear_errors() {
     refuses(&["inspect"], Some(&garbage), "magic");
 }
 
+/// `ds4 bench --synthetic`: bad architecture, recipe or layer count, or a backend that
+/// cannot hold it, are refused with a clear message (the CUDA run is in gpu-check.sh).
+#[test]
+fn bench_synthetic_refuses_what_it_cannot_do() {
+    refuses(&["bench", "--synthetic", "llama"], None, "the only synthetic architecture is ds4-flash");
+    refuses(&["bench", "--synthetic", "ds4-flash", "--recipe", "q3", "--backend", "cuda"], None, "expected q2 or q4");
+    refuses(&["bench", "--synthetic", "ds4-flash", "--layers", "0", "--backend", "cuda"], None, "at least 1");
+    refuses(&["bench", "--synthetic", "ds4-flash", "--layers", "2"], None, "use it with --backend cuda");
+}
+
 /// A model whose tensor table does not match the graph is refused naming the tensor.
 #[test]
 fn missing_or_misshaped_tensors_are_named() {
