@@ -253,33 +253,42 @@ impl GpuExecutor<'_> {
                     if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
                         return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
                     }
-                    if t > 1 {
-                        // Prefill: the (token, pick) rows grouped by expert, TOKENS to a
-                        // group, so each de-quantized expert weight serves the group.
+                    // Prefill: the (token, pick) rows grouped by expert, TOKENS to a group,
+                    // so that each de-quantized expert weight serves its group (the tiled
+                    // matmul over row lists). Decode: a mat-vec per (token, pick) over the
+                    // picked expert's rows.
+                    let groups = if t > 1 {
                         let (idx, gexp) = expert_groups(&sel_host, n_exp);
-                        let (idx, gexp, ng_) = (self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len());
-                        let listed = Some((idx.ptr, gexp.ptr));
-                        let gb = self.dev.alloc(t * k * ff * 4)?;
-                        let ub = self.dev.alloc(t * k * ff * 4)?;
-                        self.matmul_launch(&gb, gate, a, ff, d, t * k, 1, ff, k, listed, ng_)?;
-                        self.matmul_launch(&ub, up, a, ff, d, t * k, 1, ff, k, listed, ng_)?;
-                        let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
-                        let GVal::F(h, _) = h else { unreachable!() };
-                        let y = self.dev.alloc(t * k * d * 4)?;
-                        self.matmul_launch(&y, down, h.ptr, d, ff, t * k, 1, d, 1, listed, ng_)?;
-                        self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
+                        Some((self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len()))
                     } else {
-                    // Per (token, pick): gate and up rows of the picked expert, then SwiGLU.
+                        None
+                    };
                     let gb = self.dev.alloc(t * k * ff * 4)?;
                     let ub = self.dev.alloc(t * k * ff * 4)?;
-                    self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
-                    self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                    match &groups {
+                        Some((idx, gexp, n_groups)) => {
+                            self.matmul_launch(&gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.matmul_launch(&ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                        }
+                        None => {
+                            self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                            self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                        }
+                    }
                     let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
                     let GVal::F(h, _) = h else { unreachable!() };
                     // Per token: Σ over picks of weight · down(h).
-                    let out = self.dev.alloc(n_out * 4)?;
-                    self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
-                    GVal::F(Rc::new(out), n_out)
+                    match &groups {
+                        Some((idx, gexp, n_groups)) => {
+                            let y = self.dev.alloc(t * k * d * 4)?;
+                            self.matmul_launch(&y, down, h.ptr, d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
+                        }
+                        None => {
+                            let out = self.dev.alloc(n_out * 4)?;
+                            self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                            GVal::F(Rc::new(out), n_out)
+                        }
                     }
                 }
                 Op::LastRow => match vals.get(&ins[0].index()) {
