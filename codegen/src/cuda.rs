@@ -9,7 +9,7 @@
 //! shared memory) is per-architecture tuning, which is why sm90 and sm120 are separate
 //! targets already.
 
-use crate::render::{call, escape, f32_digits, prec, Code, Dialect};
+use crate::render::{call, escape_any, CXX_KEYWORDS, f32_digits, prec, Code, Dialect};
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
 /// The block-wide sum behind `'sum` loops: a warp shuffle tree, then the warps' sums
@@ -32,55 +32,9 @@ pub struct Cuda {
     pub sm: u32,
 }
 
-/// C++ keywords and CUDA names a body's local could collide with, plus the functions
+/// CUDA names a body's local could collide with (besides `CXX_KEYWORDS`), plus the functions
 /// this dialect calls (a local `expf` would hide `expf()`).
 const RESERVED: &[&str] = &[
-    "auto",
-    "break",
-    "case",
-    "char",
-    "class",
-    "const",
-    "continue",
-    "default",
-    "delete",
-    "do",
-    "double",
-    "else",
-    "enum",
-    "extern",
-    "float",
-    "for",
-    "goto",
-    "if",
-    "inline",
-    "int",
-    "long",
-    "new",
-    "operator",
-    "private",
-    "public",
-    "register",
-    "return",
-    "short",
-    "signed",
-    "sizeof",
-    "static",
-    "struct",
-    "switch",
-    "template",
-    "this",
-    "typedef",
-    "union",
-    "unsigned",
-    "void",
-    "volatile",
-    "while",
-    "namespace",
-    "using",
-    "true",
-    "false",
-    "bool",
     "usize",
     "threadIdx",
     "blockIdx",
@@ -162,7 +116,7 @@ impl Dialect for Cuda {
     }
 
     fn ident(&self, name: &str) -> String {
-        escape(name, RESERVED)
+        escape_any(name, &[CXX_KEYWORDS, RESERVED])
     }
 
     fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String {

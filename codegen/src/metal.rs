@@ -10,59 +10,14 @@
 //! Metal compiles with fast math by default; the transcendental calls go through
 //! `metal::precise` so that the result does not depend on that setting.
 
-use crate::render::{call, escape, f32_digits, prec, Code, Dialect};
+use crate::render::{call, escape_any, CXX_KEYWORDS, f32_digits, prec, Code, Dialect};
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
 pub struct Metal;
 
-/// C++ and MSL keywords, MSL type names, and the unqualified functions called here.
+/// MSL keywords and type names (besides `CXX_KEYWORDS`), and the unqualified functions
+/// called here.
 const RESERVED: &[&str] = &[
-    "auto",
-    "break",
-    "case",
-    "char",
-    "class",
-    "const",
-    "continue",
-    "default",
-    "delete",
-    "do",
-    "double",
-    "else",
-    "enum",
-    "extern",
-    "float",
-    "for",
-    "goto",
-    "if",
-    "inline",
-    "int",
-    "long",
-    "new",
-    "operator",
-    "private",
-    "public",
-    "register",
-    "return",
-    "short",
-    "signed",
-    "sizeof",
-    "static",
-    "struct",
-    "switch",
-    "template",
-    "this",
-    "typedef",
-    "union",
-    "unsigned",
-    "void",
-    "volatile",
-    "while",
-    "namespace",
-    "using",
-    "true",
-    "false",
-    "bool",
     "kernel",
     "device",
     "constant",
@@ -143,7 +98,7 @@ impl Dialect for Metal {
     }
 
     fn ident(&self, name: &str) -> String {
-        escape(name, RESERVED)
+        escape_any(name, &[CXX_KEYWORDS, RESERVED])
     }
 
     fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String {

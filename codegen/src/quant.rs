@@ -208,17 +208,25 @@ pub trait QuantSyntax {
         format!("{}f", f32_digits(v as f64))
     }
     /// A value conversion.
-    fn cast(&self, to: Word, e: &str) -> String;
+    /// The C family's spelling (CUDA and MSL); WGSL overrides it.
+    fn cast(&self, to: Word, e: &str) -> String {
+        format!("(({}){e})", self.word(to))
+    }
     /// u32 bits → f32.
     fn bits_to_f32(&self, e: &str) -> String;
     /// f32 → u32 bits.
     fn f32_to_bits(&self, e: &str) -> String;
     /// `c ? a : b` (both evaluated; neither has side effects).
-    fn select(&self, c: &str, a: &str, b: &str) -> String;
+    fn select(&self, c: &str, a: &str, b: &str) -> String {
+        format!("({c} ? {a} : {b})")
+    }
     /// Byte `addr` (an Idx) of the weight buffer, as a u32.
     fn byte(&self, addr: &str) -> String;
     /// A local declaration statement.
-    fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String;
+    fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String {
+        let c = if mutable { "" } else { "const " };
+        format!("{c}{} {name} = {init};", self.word(w))
+    }
     /// `for` header up to the brace: `var` from `start` while `< end`, adding `step`.
     fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String;
     /// A module-scope constant table.

@@ -327,6 +327,65 @@ pub fn f32_digits(v: f64) -> String {
     format!("{x:?}")
 }
 
+/// C++ keywords: reserved in CUDA C++ and in MSL alike (each dialect adds its own names).
+pub const CXX_KEYWORDS: &[&str] = &[
+    "auto",
+    "break",
+    "case",
+    "char",
+    "class",
+    "const",
+    "continue",
+    "default",
+    "delete",
+    "do",
+    "double",
+    "else",
+    "enum",
+    "extern",
+    "float",
+    "for",
+    "goto",
+    "if",
+    "inline",
+    "int",
+    "long",
+    "new",
+    "operator",
+    "private",
+    "public",
+    "register",
+    "return",
+    "short",
+    "signed",
+    "sizeof",
+    "static",
+    "struct",
+    "switch",
+    "template",
+    "this",
+    "typedef",
+    "union",
+    "unsigned",
+    "void",
+    "volatile",
+    "while",
+    "namespace",
+    "using",
+    "true",
+    "false",
+    "bool",
+];
+
+/// Appends `_` to names any of `lists` reserves.
+pub fn escape_any(name: &str, lists: &[&[&str]]) -> String {
+    if lists.iter().any(|l| l.contains(&name)) {
+        format!("{name}_")
+    } else {
+        name.to_string()
+    }
+}
+
 /// Appends `_` to names a target reserves.
 pub fn escape(name: &str, reserved: &[&str]) -> String {
     if reserved.contains(&name) {

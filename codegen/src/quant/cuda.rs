@@ -38,10 +38,6 @@ impl QuantSyntax for CudaQuant {
         }
     }
 
-    fn cast(&self, to: Word, e: &str) -> String {
-        format!("(({}){e})", self.word(to))
-    }
-
     fn bits_to_f32(&self, e: &str) -> String {
         format!("__uint_as_float({e})")
     }
@@ -50,17 +46,8 @@ impl QuantSyntax for CudaQuant {
         format!("__float_as_uint({e})")
     }
 
-    fn select(&self, c: &str, a: &str, b: &str) -> String {
-        format!("({c} ? {a} : {b})")
-    }
-
     fn byte(&self, addr: &str) -> String {
         format!("((unsigned int)ds4_w[{addr}])")
-    }
-
-    fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String {
-        let c = if mutable { "" } else { "const " };
-        format!("{c}{} {name} = {init};", self.word(w))
     }
 
     fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
