@@ -264,3 +264,39 @@ fn slice_type(ty: &Type, float: Option<&syn::Ident>) -> Option<(T, bool)> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error text `#[kernel(out = "n")]` gives for `body`, or None if it lowers.
+    fn lower(body: TokenStream) -> Option<String> {
+        let f: ItemFn = syn::parse2(quote! {
+            pub fn k<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize) { #body }
+        })
+        .unwrap();
+        kernel_ir(quote!(out = "n"), &f).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn parallel_loops_follow_their_rules() {
+        // Accepted: independent iterations; a sum into one outer float.
+        assert_eq!(lower(quote! { 'par: for i in 0..n { let v = x[i]; out[i] = v; } }), None);
+        assert_eq!(lower(quote! { let mut s = F::zero(); 'sum: for i in 0..n { s += x[i]; } out[0] = s; }), None);
+        // Refused: a 'par loop assigning an outer local.
+        let e = lower(quote! { let mut s = F::zero(); 'par: for i in 0..n { s = x[i]; } out[0] = s; }).unwrap();
+        assert!(e.contains("may not assign `s`"), "{e}");
+        // Refused: a 'sum loop with no accumulator, with two, or with something but `+=`.
+        let e = lower(quote! { 'sum: for i in 0..n { out[i] = x[i]; } }).unwrap();
+        assert!(e.contains("assigns none"), "{e}");
+        let e = lower(quote! { let mut a = F::zero(); let mut b = F::zero(); 'sum: for i in 0..n { a += x[i]; b += x[i]; } out[0] = a + b; }).unwrap();
+        assert!(e.contains("also assigns `b`"), "{e}");
+        let e = lower(quote! { let mut a = F::zero(); 'sum: for i in 0..n { a *= x[i]; } out[0] = a; }).unwrap();
+        assert!(e.contains("only `+=`"), "{e}");
+        let e = lower(quote! { let mut c = 0; 'sum: for i in 0..n { c += i; } out[0] = x[c]; }).unwrap();
+        assert!(e.contains("one float local"), "{e}");
+        // Any other label.
+        let e = lower(quote! { 'outer: for i in 0..n { out[i] = x[i]; } }).unwrap();
+        assert!(e.contains("the only loop labels"), "{e}");
+    }
+}
