@@ -14,8 +14,9 @@
 #   - `ds4 bench --synthetic ds4-flash --recipe q2` (random weights made on the device);
 #   - the peer's file: ../shared/tools/mksynth.py writes it on the device (sparse), and
 #     `ds4 bench --model` loads it through the normal loader.
-# FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43) and ONLY=full (skip the
-# kernel and tiny-model checks) tune it.
+# FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43), FULL_FILE=0 (skip the
+# mksynth file), FULL_PACK=1 (also the packed weight placement) and ONLY=full (skip the
+# kernel and tiny-model checks) tune it; DS4_PROFILE=1 profiles the synthetic run.
 set -u
 
 CARRY=${CARRY:-device-carry}
@@ -69,6 +70,12 @@ full_bench() {
     echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L (prefill $P, gen $G)"
     DS4_PROFILE=${DS4_PROFILE:-0} timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
         --prefill $P --chunk $P --gen $G || { echo "synthetic bench failed: exit $?"; rc=1; }
+    if [ "${FULL_PACK:-0}" = 1 ]; then
+        # The other weight placement: one packed allocation instead of one per tensor.
+        echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L --pack-weights (prefill $P, gen $G)"
+        DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
+            --pack-weights --prefill $P --chunk $P --gen $G || { echo "packed synthetic bench failed: exit $?"; rc=1; }
+    fi
     if [ "${FULL_FILE:-1}" = 1 ]; then
         local F=${SYNTH:-/tmp/ds4-synth-q2.gguf} t0
         t0=$(date +%s)
