@@ -15,7 +15,7 @@ use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 /// The block-wide sum behind `'sum` loops: a warp shuffle tree, then the warps' sums
 /// added in warp order (the same order every run: results are reproducible). The first
 /// barrier keeps a previous call's readers off `ds4_red` before it is rewritten.
-const BLOCK_SUM: &str = "__device__ float ds4_block_sum(float v) {
+pub(crate) const BLOCK_SUM: &str = "__device__ float ds4_block_sum(float v) {
     __shared__ float ds4_red[32];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();

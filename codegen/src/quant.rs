@@ -246,16 +246,15 @@ pub trait QuantSyntax {
     /// A workgroup barrier statement.
     fn barrier(&self) -> String;
 
-    /// Statements that leave the sum of every thread's `acc` (a block of `threads`) in
-    /// thread 0's `acc`, where the target has something better than the shared-memory
-    /// tree (None: the tree).
-    fn block_sum_to_first(&self, threads: u32) -> Option<Vec<String>> {
-        self.block_sum_named_to_first("acc", threads)
-    }
-
-    /// [`QuantSyntax::block_sum_to_first`] for a variable named `var`.
-    fn block_sum_named_to_first(&self, _var: &str, _threads: u32) -> Option<Vec<String>> {
+    /// An expression: the sum over the block of every thread's `v` (every thread gets it;
+    /// contains barriers), where the target has a block sum of its own (CUDA: the op
+    /// kernels' `ds4_block_sum`); None: the shared-memory tree below.
+    fn block_sum(&self, _v: &str) -> Option<String> {
         None
+    }
+    /// Source defining what `block_sum` calls, placed before the kernel.
+    fn block_sum_helper(&self) -> &'static str {
+        ""
     }
     /// The name under which the kernel body reads buffer param `name`.
     fn buffer(&self, name: &str) -> String {
@@ -291,16 +290,25 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     }
     let name = kernel_name(kind, spec.ggml);
     let params = kind.params();
-    let shared = kind.shared_bytes();
+    // The shared-memory tree's array, unless the target sums with its own helper (whose
+    // shared memory is the helper's: one float per warp).
+    let own_sum = syn.block_sum("v").is_some();
+    let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
     let lower = Lower { syn: syn.as_ref(), spec };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
+    if kind != QuantKernelKind::DequantRows && own_sum {
+        src.push_str(syn.block_sum_helper());
+        src.push('\n');
+    }
     src.push_str(&syn.kernel_globals(&params, shared));
     src.push_str(&syn.kernel_open(&name, &params, shared));
     src.push_str(&lower.kernel_body(kind));
     src.push_str("}\n");
-    Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: shared, source: src })
+    // Reported: what the kernel uses, the helper's per-warp floats included.
+    let used = if own_sum && kind != QuantKernelKind::DequantRows { THREADS / 32 * 4 } else { shared };
+    Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: used, source: src })
 }
 
 /// Whether any field, table or node of `spec` is a u64.
@@ -553,6 +561,56 @@ impl Lower<'_> {
         s.call("ds4_dq", &[blk, sub, lane], true)
     }
 
+    /// The walk over one weight row (at `row_base`, `k` elements) shared by the mat-vec
+    /// and the matmul, as (depth, line) pairs: a thread takes runs of RUN elements inside
+    /// one sub-block (unit u: elements u·RUN ..) through an inner loop of constant
+    /// length, so what the declaration computes per sub-block (scales, offsets) is
+    /// computed once per run, not per element, and RUN is small enough that short rows
+    /// keep every thread busy. `uses` run per element with `wv` (the weight) and
+    /// `e0 + j` (its column).
+    fn weight_runs(&self, uses: &[String]) -> Vec<(usize, String)> {
+        let s = self.syn;
+        let run = (self.spec.sub_block as u64).min(RUN);
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let threads = self.idx(THREADS as u64);
+        let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
+        let mut out = vec![
+            (0, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads))),
+            (1, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run)))),
+            (1, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))),
+            (1, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))),
+            (1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))),
+            (1, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1)))),
+            (2, s.decl("wv", Word::F32, false, &dq)),
+        ];
+        out.extend(uses.iter().map(|u| (2, u.clone())));
+        out.push((1, "}".into()));
+        out.push((0, "}".into()));
+        out
+    }
+
+    /// Lines that sum every thread's `v` over the block, and the expression holding the
+    /// total in thread 0 afterwards: the target's block sum, or a shared-memory tree
+    /// (unrolled; every thread reaches every barrier).
+    fn block_total(&self, v: &str) -> (Vec<(usize, String)>, String) {
+        let s = self.syn;
+        if let Some(sum) = s.block_sum(v) {
+            return (vec![(0, format!("{v} = {sum};"))], v.to_string());
+        }
+        let red = s.shared_array();
+        let mut code = vec![(0, format!("{red}[ds4_tid] = {v};")), (0, s.barrier())];
+        let mut stride = THREADS / 2;
+        while stride > 0 {
+            let st = self.idx(stride as u64);
+            code.push((0, format!("if (ds4_tid < {st}) {{")));
+            code.push((1, format!("{red}[ds4_tid] = {red}[ds4_tid] + {red}[ds4_tid + {st}];")));
+            code.push((0, "}".into()));
+            code.push((0, s.barrier()));
+            stride /= 2;
+        }
+        (code, format!("{red}[0]"))
+    }
+
     fn kernel_body(&self, kind: QuantKernelKind) -> String {
         let s = self.syn;
         let b = |n: &str| s.buffer(n);
@@ -572,10 +630,7 @@ impl Lower<'_> {
             QuantKernelKind::MatMul => {
                 // Tokens t0 .. t0 + TOKENS; a token past m reads the last one's row (a valid
                 // address) and is not stored.
-                let red = s.shared_array();
                 let tm = TOKENS as usize;
-                let run = (self.spec.sub_block as u64).min(RUN);
-                let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
                 line(1, s.decl("t0", Word::Idx, false, &format!("ds4_by * {}", self.idx(TOKENS))));
                 let listed = format!("has_idx != {}", self.idx(0));
                 let ex = s.select(&listed, &s.cast(Word::Idx, &format!("{}[ds4_by]", b("gexp"))), &self.idx(0));
@@ -594,52 +649,23 @@ impl Lower<'_> {
                     line(1, s.decl(&format!("xo{t}"), Word::Idx, false, &format!("((p{t} / x_div) * groups + xg) * k")));
                     line(1, s.decl(&format!("acc{t}"), Word::F32, true, &self.f32_const(0.0)));
                 }
-                line(1, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads)));
-                line(2, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run))));
-                line(2, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}")));
-                line(2, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})"))));
-                line(2, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})"))));
-                line(2, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1))));
-                let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
-                line(3, s.decl("wv", Word::F32, false, &dq));
-                for t in 0..tm {
-                    line(3, format!("acc{t} = acc{t} + wv * {}[xo{t} + e0 + j];", b("x")));
+                let uses: Vec<String> = (0..tm).map(|t| format!("acc{t} = acc{t} + wv * {}[xo{t} + e0 + j];", b("x"))).collect();
+                for (d, l) in self.weight_runs(&uses) {
+                    line(1 + d, l);
                 }
-                line(2, "}".into());
-                line(1, "}".into());
-                // One block reduction per token, through the shared array (barriers around
-                // each reuse of it).
+                // One block sum per token (the shared array is reused: a barrier after each).
                 for t in 0..tm {
-                    let store = |line: &mut dyn FnMut(usize, String), v: &str| {
-                        line(1, format!("if (ds4_tid == {} && ok{t}) {{", self.idx(0)));
-                        line(2, format!("{}[p{t} * n + ds4_bx] = {v};", b("out")));
-                        line(1, "}".into());
-                    };
-                    if let Some(code) = s.block_sum_named_to_first(&format!("acc{t}"), THREADS) {
-                        for l in code {
-                            line(1, l);
-                        }
-                        store(&mut line, &format!("acc{t}"));
-                        line(1, s.barrier());
-                        continue;
+                    let (code, total) = self.block_total(&format!("acc{t}"));
+                    for (d, l) in code {
+                        line(1 + d, l);
                     }
-                    line(1, format!("{red}[ds4_tid] = acc{t};"));
-                    line(1, s.barrier());
-                    let mut stride = THREADS / 2;
-                    while stride > 0 {
-                        let st = self.idx(stride as u64);
-                        line(1, format!("if (ds4_tid < {st}) {{"));
-                        line(2, format!("{red}[ds4_tid] = {red}[ds4_tid] + {red}[ds4_tid + {st}];"));
-                        line(1, "}".into());
-                        line(1, s.barrier());
-                        stride /= 2;
-                    }
-                    store(&mut line, &format!("{red}[0]"));
+                    line(1, format!("if (ds4_tid == {} && ok{t}) {{", self.idx(0)));
+                    line(2, format!("{}[p{t} * n + ds4_bx] = {total};", b("out")));
+                    line(1, "}".into());
                     line(1, s.barrier());
                 }
             }
             QuantKernelKind::MatVec => {
-                let red = s.shared_array();
                 line(1, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
                 line(1, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
                 line(2, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
@@ -653,50 +679,18 @@ impl Lower<'_> {
                 line(2, "}".into());
                 line(2, s.decl("row_base", Word::Idx, false, "(ex * n + ds4_bx) * row_bytes"));
                 line(2, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + ds4_bx / ng) * k"));
-                // A thread takes runs of RUN elements inside one sub-block (unit u: the
-                // elements u·RUN ..), walked by an inner loop of constant length, so what
-                // the declaration computes per sub-block (scales, offsets) is computed
-                // once per run, not per element; RUN is small enough that short rows
-                // still keep every thread busy.
-                let run = (self.spec.sub_block as u64).min(RUN);
-                let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
                 line(2, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
-                line(2, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads)));
-                line(3, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run))));
-                line(3, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}")));
-                line(3, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})"))));
-                line(3, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})"))));
-                line(3, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1))));
-                let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
-                line(4, format!("part = part + {dq} * {}[xo + e0 + j];", b("x")));
-                line(3, "}".into());
-                line(2, "}".into());
+                for (d, l) in self.weight_runs(&[format!("part = part + wv * {}[xo + e0 + j];", b("x"))]) {
+                    line(2 + d, l);
+                }
                 line(2, "acc = acc + sc * part;".into());
                 line(1, "}".into());
-                if let Some(code) = s.block_sum_to_first(THREADS) {
-                    // The target's own block reduction (CUDA: warp shuffles).
-                    for l in code {
-                        line(1, l);
-                    }
-                    line(1, format!("if (ds4_tid == {}) {{", self.idx(0)));
-                    line(2, format!("{}[ds4_by * n + ds4_bx] = acc;", b("out")));
-                    line(1, "}".into());
-                    return o;
-                }
-                line(1, format!("{red}[ds4_tid] = acc;"));
-                line(1, s.barrier());
-                // A tree reduction, unrolled: every thread reaches every barrier.
-                let mut stride = THREADS / 2;
-                while stride > 0 {
-                    let st = self.idx(stride as u64);
-                    line(1, format!("if (ds4_tid < {st}) {{"));
-                    line(2, format!("{red}[ds4_tid] = {red}[ds4_tid] + {red}[ds4_tid + {st}];"));
-                    line(1, "}".into());
-                    line(1, s.barrier());
-                    stride /= 2;
+                let (code, total) = self.block_total("acc");
+                for (d, l) in code {
+                    line(1 + d, l);
                 }
                 line(1, format!("if (ds4_tid == {}) {{", self.idx(0)));
-                line(2, format!("{}[ds4_by * n + ds4_bx] = {red}[0];", b("out")));
+                line(2, format!("{}[ds4_by * n + ds4_bx] = {total};", b("out")));
                 line(1, "}".into());
             }
         }

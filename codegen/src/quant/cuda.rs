@@ -114,15 +114,12 @@ impl QuantSyntax for CudaQuant {
         "__syncthreads();".into()
     }
 
-    /// Warp shuffles, then thread 0 adds the warps' sums in warp order. Callers that
-    /// reuse `ds4_red` afterwards put a barrier first.
-    fn block_sum_named_to_first(&self, v: &str, threads: u32) -> Option<Vec<String>> {
-        let warps = threads / 32;
-        Some(vec![
-            format!("for (int o = 16; o > 0; o >>= 1) {v} += __shfl_xor_sync(0xffffffffu, {v}, o);"),
-            format!("if ((ds4_tid & 31ull) == 0ull) ds4_red[ds4_tid >> 5] = {v};"),
-            "__syncthreads();".into(),
-            format!("if (ds4_tid == 0ull) {{ for (int w = 1; w < {warps}; w++) {v} += ds4_red[w]; }}"),
-        ])
+    /// The op kernels' block sum (`crate::cuda::BLOCK_SUM`): one reduction for the target.
+    fn block_sum(&self, v: &str) -> Option<String> {
+        Some(format!("ds4_block_sum({v})"))
+    }
+
+    fn block_sum_helper(&self) -> &'static str {
+        crate::cuda::BLOCK_SUM
     }
 }
