@@ -328,14 +328,18 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let args = [Arg::Ptr(mv_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(xb.ptr), u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0)];
         launch(&dev, &mv.func, (rows as u32, m as u32, 1), (mv.threads, 1, 1), &args).unwrap();
         let got: Vec<f32> = mv_out.read(m * rows).unwrap();
+        // |got − W[row]·xs| / Σ|W[row]·xs|, the f64 dot of the de-quantized row as reference.
+        let rel = |got: f32, row: usize, xs: &[f32]| -> f64 {
+            let mut wrow = vec![0f32; k];
+            ds4_ir::quant::dequantize_row(t, &bytes[row * rb..][..rb], &mut wrow).unwrap();
+            let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            (got as f64 - want).abs() / norm.max(1e-30)
+        };
         let mut worst = 0f64;
         for ti in 0..m {
             for j in 0..rows {
-                let mut wrow = vec![0f32; k];
-                ds4_ir::quant::dequantize_row(t, &bytes[j * rb..][..rb], &mut wrow).unwrap();
-                let want: f64 = wrow.iter().zip(&x[ti * k..(ti + 1) * k]).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let norm: f64 = wrow.iter().zip(&x[ti * k..(ti + 1) * k]).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst = worst.max((got[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
+                worst = worst.max(rel(got[ti * rows + j], j, &x[ti * k..(ti + 1) * k]));
             }
         }
         // matmul (token-tiled): m2 tokens (not a multiple of the tile), rows in two
@@ -353,13 +357,8 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let mut worst_mm = 0f64;
         for ti in 0..m2 {
             for j in 0..rows {
-                let mut wrow = vec![0f32; k];
-                ds4_ir::quant::dequantize_row(t, &bytes[j * rb..][..rb], &mut wrow).unwrap();
                 let xo = (ti * groups + j / (rows / groups)) * k;
-                let xs = &x2[xo..xo + k];
-                let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst_mm = worst_mm.max((got2[ti * rows + j] as f64 - want).abs() / norm.max(1e-30));
+                worst_mm = worst_mm.max(rel(got2[ti * rows + j], j, &x2[xo..xo + k]));
             }
         }
         // matmul over listed rows (the routed experts grouped by expert): the matrix as
@@ -367,15 +366,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let ne = if rows % 2 == 0 { 2 } else { 1 };
         let per = rows / ne;
         let sel: Vec<i32> = (0..m2).map(|p| (p % ne) as i32).collect();
-        let (mut idx, mut gexp) = (Vec::new(), Vec::new());
-        for e in 0..ne {
-            let mine: Vec<i32> = (0..m2 as i32).filter(|&p| sel[p as usize] == e as i32).collect();
-            for chunk in mine.chunks(8) {
-                idx.extend_from_slice(chunk);
-                idx.extend(std::iter::repeat_n(-1, 8 - chunk.len()));
-                gexp.push(e as i32);
-            }
-        }
+        let (idx, gexp) = ds4_runtime::cuda::expert_groups(&sel, ne);
         let (idxb, gexpb) = (dev.upload(&idx).unwrap(), dev.upload(&gexp).unwrap());
         let ml_out = dev.alloc(m2 * per * 4).unwrap();
         let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
@@ -384,13 +375,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let mut worst_listed = 0f64;
         for p in 0..m2 {
             for j in 0..per {
-                let row = sel[p] as usize * per + j;
-                let mut wrow = vec![0f32; k];
-                ds4_ir::quant::dequantize_row(t, &bytes[row * rb..][..rb], &mut wrow).unwrap();
-                let xs = &x2[p * k..(p + 1) * k];
-                let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst_listed = worst_listed.max((got3[p * per + j] as f64 - want).abs() / norm.max(1e-30));
+                worst_listed = worst_listed.max(rel(got3[p * per + j], sel[p] as usize * per + j, &x2[p * k..(p + 1) * k]));
             }
         }
         println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul {worst_mm:.2e} ({m2} tokens, {groups} groups), by expert {worst_listed:.2e} ({ne} experts)");

@@ -46,6 +46,8 @@ pub struct Device {
     /// Compute capability as `major * 10 + minor` (90 on Hopper).
     pub sm: u32,
     pub name: String,
+    /// Streaming multiprocessors (132 on the H200): how many blocks fill the GPU.
+    pub sms: usize,
     /// Freed activation buffers by bucket size, reused by [`Device::alloc`]: cuMemFree
     /// synchronizes the whole device, and a decode step allocates hundreds of buffers.
     pool: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
@@ -65,7 +67,8 @@ impl Device {
         let ctx = CudaContext::new(0)?;
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, pool: Mutex::new(HashMap::new()) }))
+        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).

@@ -14,8 +14,8 @@ use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use std::collections::HashMap;
 
-/// Blocks an attention launch aims for (the H200 has 132 SMs).
-const ATTENTION_BLOCKS: usize = 528;
+/// Blocks per SM an attention launch aims for.
+const ATTENTION_BLOCKS_PER_SM: usize = 4;
 
 /// Rows per block of the token-tiled matmul.
 const TOKENS: usize = ds4_codegen::quant::TOKENS as usize;
@@ -452,7 +452,7 @@ impl GpuExecutor<'_> {
                     // Each item's rows in `nc` chunks, then the merge: few items (decode) get
                     // more chunks, so that the launch has ~4 blocks per SM.
                     let items = n_out / hd;
-                    let nc = (ATTENTION_BLOCKS / items.max(1)).clamp(1, 32);
+                    let nc = (ATTENTION_BLOCKS_PER_SM * self.dev.sms / items.max(1)).clamp(1, 32);
                     let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
                     pnamed.push(("nc", u(nc)));
                     let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
@@ -484,7 +484,7 @@ impl GpuExecutor<'_> {
 
 /// Row lists for the expert-grouped matmul: the (token, pick) rows `p` of `sel` by expert,
 /// in order, `TOKENS` to a group (-1 pads a group's tail), and each group's expert.
-fn expert_groups(sel: &[i32], n_exp: usize) -> (Vec<i32>, Vec<i32>) {
+pub fn expert_groups(sel: &[i32], n_exp: usize) -> (Vec<i32>, Vec<i32>) {
     let mut by_expert: Vec<Vec<i32>> = vec![Vec::new(); n_exp];
     for (p, &e) in sel.iter().enumerate() {
         by_expert[e as usize].push(p as i32);

@@ -26,6 +26,7 @@ mod session;
 pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels};
 pub use device::{launch, probe, Arg, CudaError, Device, DeviceBuf};
+pub use exec::expert_groups;
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
