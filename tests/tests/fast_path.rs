@@ -123,45 +123,24 @@ fn compare(name: &str) -> Worst {
 const AGREE_Q2: f64 = 0.8;
 const AGREE_Q4: f64 = 0.9;
 
+/// The fast path against the exact one on `name`, within the stated bounds.
+fn assert_within(name: &str, max_over_std: f64, rel: f64, agree_min: f64) {
+    let w = compare(name);
+    assert!(w.max_over_std < max_over_std, "{name}: fast path max |Δlogit| / std {}", w.max_over_std);
+    assert!(w.rel < rel, "{name}: fast path relative logit error {}", w.rel);
+    let agree = w.same as f64 / w.rows as f64;
+    assert!(agree >= agree_min, "{name}: fast path arg-max agreement {agree}");
+}
+
 #[test]
 fn fast_path_on_tiny_q2() {
-    let w = compare("tiny-q2");
     // Measured: max|Δ|/std 2.65 / 2.54 (p2 prefill), rel 0.176 / 0.180, arg-max
     // 213/245 / 220/245 (AVX2 / portable).
-    assert!(
-        w.max_over_std < 4.0,
-        "tiny-q2: fast path max |Δlogit| / std {}",
-        w.max_over_std
-    );
-    assert!(
-        w.rel < 0.3,
-        "tiny-q2: fast path relative logit error {}",
-        w.rel
-    );
-    let agree = w.same as f64 / w.rows as f64;
-    assert!(
-        agree >= AGREE_Q2,
-        "tiny-q2: fast path arg-max agreement {agree}"
-    );
+    assert_within("tiny-q2", 4.0, 0.3, AGREE_Q2);
 }
 
 #[test]
 fn fast_path_on_tiny_q4() {
-    let w = compare("tiny-q4");
     // Measured: max|Δ|/std 0.485 / 0.488 (p2 prefill), rel 0.019, arg-max 234/245 (both).
-    assert!(
-        w.max_over_std < 1.0,
-        "tiny-q4: fast path max |Δlogit| / std {}",
-        w.max_over_std
-    );
-    assert!(
-        w.rel < 0.05,
-        "tiny-q4: fast path relative logit error {}",
-        w.rel
-    );
-    let agree = w.same as f64 / w.rows as f64;
-    assert!(
-        agree >= AGREE_Q4,
-        "tiny-q4: fast path arg-max agreement {agree}"
-    );
+    assert_within("tiny-q4", 1.0, 0.05, AGREE_Q4);
 }
