@@ -14,6 +14,7 @@
 #   - `ds4 bench --synthetic ds4-flash --recipe q2` (random weights made on the device);
 #   - the peer's file: ../shared/tools/mksynth.py writes it on the device (sparse), and
 #     `ds4 bench --model` loads it through the normal loader.
+# ONLY=kbench runs only the quant kernel benchmark.
 # FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43), FULL_FILE=0 (skip the
 # mksynth file), FULL_PACK=1 (also the packed weight placement) and ONLY=full (skip the
 # kernel and tiny-model checks) tune it; DS4_PROFILE=1 profiles the synthetic run.
@@ -89,6 +90,16 @@ full_bench() {
     return $rc
 }
 
+# The quant kernels alone at DeepSeek-V4-Flash's shapes (GB/s, TFLOP/s).
+kernel_bench() {
+    "$CARRY/ds4" bench --matvec --backend cuda --prefill ${KBENCH_PREFILL:-2048} --passes ${KBENCH_PASSES:-5}
+}
+
+if [ "${ONLY:-}" = kbench ]; then
+    kernel_bench 2>&1 | tee "$OUT/kbench.log"
+    exit "${PIPESTATUS[0]}"
+fi
+
 if [ "${ONLY:-}" = full ]; then
     full_bench 2>&1 | tee "$OUT/full.log"
     exit "${PIPESTATUS[0]}"
@@ -118,6 +129,7 @@ cp "$OUT/gen/manifest.json" "$OUT/manifest.json" 2>/dev/null; rm -rf "$OUT/gen"
     done
 } > "$OUT/bench.log" 2>&1; rc_bench=$?
 
+kernel_bench > "$OUT/kbench.log" 2>&1; rc_kbench=$?
 full_bench > "$OUT/full.log" 2>&1; rc_full=$?
 
 status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
@@ -129,12 +141,14 @@ status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
     grep -E "dequant_rows bit-exact" "$OUT/kernels.log"
     grep -oE "(cuda tiny|cpu vs cuda).*" "$OUT/golden.log"
     grep -E "^== |^[0-9]+," "$OUT/bench.log"
+    grep -E "^what,|,(matvec|matmul)_" "$OUT/kbench.log"
     grep -E "^== |^[0-9]+,|^ds4 bench: |^mksynth|skipped" "$OUT/full.log"
     echo "-----------------------------------------------------------------"
     printf "%-28s %s\n" "kernel parity (cuda_kernels)" "$(status $rc_kernels)" \
         "tiny models (cuda_golden)" "$(status $rc_golden)" \
         "cli gen/run" "$(status $rc_cli)" \
         "bench" "$(status $rc_bench)" \
+        "quant kernel bench" "$(status $rc_kbench)" \
         "full-size bench" "$(status $rc_full)"
 } | tee "$OUT/summary.txt"
-[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ] && [ $rc_full = 0 ]
+[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ] && [ $rc_kbench = 0 ] && [ $rc_full = 0 ]

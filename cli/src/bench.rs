@@ -59,6 +59,9 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.matvec && a.backend == BackendKind::Cuda {
+        return cuda_kernels(a.passes, &a.prefill);
+    }
     if a.matvec {
         let o = crate::bench_matvec::MatvecOpts { set_mib: a.matvec_mib, passes: a.passes, types: a.types, fast: a.fast };
         return crate::bench_matvec::run(o);
@@ -164,4 +167,32 @@ fn synthetic_model(arch: &str, recipe: &str, layers: usize, backend: BackendKind
     let _ = std::fs::remove_file(&path);
     let model = Model::from_gguf(file?)?;
     Ok((model, generate))
+}
+
+/// `--matvec --backend cuda`: the quant kernels alone at DeepSeek-V4-Flash's shapes
+/// (decode mat-vecs, and prefill matmuls at the first --prefill length).
+fn cuda_kernels(passes: usize, prefill: &str) -> Result<()> {
+    use ds4_runtime::cuda::kernel_bench;
+    let m = crate::common::parse_tokens(prefill)?.first().copied().unwrap_or(0) as usize;
+    let cases = kernel_bench::ds4_flash_cases(m);
+    let (rows, copy_gbs, name) = kernel_bench::run(&cases, passes.max(1) * 20)?;
+    eprintln!("ds4 bench: quant kernels on {name}; copy bandwidth {copy_gbs:.0} GB/s");
+    println!("what,kernel,n,k,m,picks,us_per_call,weight_gbs,frac_copy,tflops");
+    for r in rows {
+        let c = &r.case;
+        println!(
+            "{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.2}",
+            c.what,
+            r.kernel,
+            c.n,
+            c.k,
+            c.m,
+            c.experts.map_or(1, |e| e.1),
+            r.micros,
+            r.gbs,
+            r.gbs / copy_gbs,
+            r.tflops
+        );
+    }
+    Ok(())
 }

@@ -23,7 +23,11 @@
 //! `quant/wgsl.rs` and `quant/metal.rs`.
 
 mod cuda;
+mod cuda_mma;
 mod metal;
+mod runs;
+
+pub use cuda_mma::{MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 
 use crate::render::f32_digits;
@@ -34,9 +38,6 @@ use std::fmt::{self, Write};
 
 /// Threads per block (workgroup) of every quant kernel.
 pub const THREADS: u32 = 128;
-
-/// Elements a mat-vec thread takes at a time (at most a sub-block).
-const RUN: u64 = 8;
 
 /// How a value is held in generated code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,19 +87,28 @@ pub enum QuantKernelKind {
     /// the group's listed rows `idx[y·TOKENS + t]` (-1: none; the first is always
     /// present) of expert `gexp[y]` (the routed experts, tokens grouped by expert).
     MatMul,
+    /// `MatMul` on tensor cores, [`MMA_ROWS`] rows × [`MMA_TOKENS`] tokens per block
+    /// (groups of `MMA_TOKENS` listed rows); CUDA only (`quant/cuda_mma.rs`).
+    MatMulMma,
 }
 
 /// Tokens per block of the `MatMul` kernel.
 pub const TOKENS: u64 = 8;
 
 impl QuantKernelKind {
-    pub const ALL: [QuantKernelKind; 3] = [QuantKernelKind::DequantRows, QuantKernelKind::MatVec, QuantKernelKind::MatMul];
+    pub const ALL: [QuantKernelKind; 4] = [QuantKernelKind::DequantRows, QuantKernelKind::MatVec, QuantKernelKind::MatMul, QuantKernelKind::MatMulMma];
+
+    /// Whether `target` has this kernel (tensor cores: CUDA only).
+    pub fn available(self, target: Target) -> bool {
+        self != QuantKernelKind::MatMulMma || matches!(target, Target::CudaSm90 | Target::CudaSm120)
+    }
 
     pub fn prefix(self) -> &'static str {
         match self {
             QuantKernelKind::DequantRows => "dequant_rows",
             QuantKernelKind::MatVec => "matvec",
             QuantKernelKind::MatMul => "matmul",
+            QuantKernelKind::MatMulMma => "matmul_mma",
         }
     }
 
@@ -124,8 +134,9 @@ impl QuantKernelKind {
                 s("ng"),
                 s("has_sel"),
                 s("has_wts"),
+                s("row_blocks"),
             ],
-            QuantKernelKind::MatMul => vec![
+            QuantKernelKind::MatMul | QuantKernelKind::MatMulMma => vec![
                 b("out", F32, true),
                 b("w", Bytes, false),
                 b("x", F32, false),
@@ -147,8 +158,9 @@ impl QuantKernelKind {
     pub fn grid(self) -> &'static str {
         match self {
             QuantKernelKind::DequantRows => "[rows, 1, 1]",
-            QuantKernelKind::MatVec => "[n, m, 1]",
+            QuantKernelKind::MatVec => "[row_blocks (≤ n), m, 1]",
             QuantKernelKind::MatMul => "[n, ceil(m / 8) or groups, 1]",
+            QuantKernelKind::MatMulMma => "[ceil(n / 64), ceil(m / 64) or groups, 1]",
         }
     }
 
@@ -157,6 +169,7 @@ impl QuantKernelKind {
         match self {
             QuantKernelKind::DequantRows => 0,
             QuantKernelKind::MatVec | QuantKernelKind::MatMul => THREADS * 4,
+            QuantKernelKind::MatMulMma => cuda_mma::MMA_SHARED_BYTES,
         }
     }
 }
@@ -268,6 +281,34 @@ pub trait QuantSyntax {
     fn has_u64(&self) -> bool {
         true
     }
+    /// `a · b + c` with one rounding (the dot products' accumulation).
+    fn fma(&self, a: &str, b: &str, c: &str) -> String {
+        format!("fma({a}, {b}, {c})")
+    }
+    /// A declaration of `name` as the four f32 of buffer `buf` from element `at` (a
+    /// multiple of 4) in one load, where the target has such vectors; see `vec4_lane`.
+    fn load_f32x4(&self, _name: &str, _buf: &str, _at: &str) -> Option<String> {
+        None
+    }
+    /// Lane `i` of a vector declared by `load_f32x4`.
+    fn vec4_lane(&self, v: &str, i: u64) -> String {
+        format!("{v}[{i}]")
+    }
+    /// An integer of at most 16 bits (held in its word) as f32, exactly.
+    fn narrow_int_to_f32(&self, v: &str, _signed: bool) -> String {
+        self.cast(Word::F32, v)
+    }
+    /// Lines (each ending in a newline) that declare `S_<name>`, a shared-memory copy of
+    /// table `T_<name>` (`len` elements of type `ty`, held as `word`), and fill it with
+    /// the block's threads; None where the target keeps tables where they are.
+    fn shared_table(&self, _name: &str, _ty: Ty, _word: Word, _len: usize) -> Option<String> {
+        None
+    }
+    /// A faster definition of `ds4_f16_to_f32` with the same results (bit for bit),
+    /// where the target has a conversion instruction.
+    fn f16_to_f32_fn(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The syntax of `target`'s quant kernels (None for the CPU, whose quant code the
@@ -288,6 +329,9 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     if !syn.has_u64() && uses_u64(spec) {
         return Err(QuantGenError(format!("{}: {target} has no 64-bit integers, which this type's de-quantization uses", spec.ggml)));
     }
+    if !kind.available(target) {
+        return Err(QuantGenError(format!("{}: {target} has no {} kernel", spec.ggml, kind.prefix())));
+    }
     let name = kernel_name(kind, spec.ggml);
     let params = kind.params();
     // The shared-memory tree's array, unless the target sums with its own helper (whose
@@ -295,16 +339,42 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
         src.push_str(syn.block_sum_helper());
         src.push('\n');
     }
+    // The dot-product kernels read tables from shared memory where the target can stage
+    // them: a warp's lanes look up unrelated entries, which global memory serves a cache
+    // line at a time.
+    let staged: Vec<String> = if kind == QuantKernelKind::DequantRows {
+        Vec::new()
+    } else {
+        spec.tables.iter().filter_map(|t| syn.shared_table(t.name, t.ty, word_of(t.ty), t.len())).collect()
+    };
+    let lower = Lower { shared_tables: !staged.is_empty() && staged.len() == spec.tables.len(), ..lower };
+    let stage = |src: &mut String| {
+        if lower.shared_tables {
+            for l in &staged {
+                src.push_str(l);
+            }
+            src.push_str(&format!("    {}\n", syn.barrier()));
+        }
+    };
+    if kind == QuantKernelKind::MatMulMma {
+        src.push_str(lower.mma_helpers());
+        src.push_str(&syn.kernel_open(&name, &params, 0));
+        stage(&mut src);
+        src.push_str(&lower.mma_body()?);
+        src.push_str("}\n");
+        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: kind.shared_bytes(), source: src });
+    }
     src.push_str(&syn.kernel_globals(&params, shared));
     src.push_str(&syn.kernel_open(&name, &params, shared));
-    src.push_str(&lower.kernel_body(kind));
+    stage(&mut src);
+    src.push_str(&lower.kernel_body(kind)?);
     src.push_str("}\n");
     // Reported: what the kernel uses, the helper's per-warp floats included.
     let used = if own_sum && kind != QuantKernelKind::DequantRows { THREADS / 32 * 4 } else { shared };
@@ -342,6 +412,9 @@ fn word_of(t: Ty) -> Word {
 struct Lower<'a> {
     syn: &'a dyn QuantSyntax,
     spec: &'a QuantSpec,
+    /// Whether table reads go to the kernel's shared-memory copies (`S_<name>`, see
+    /// `QuantSyntax::shared_table`) instead of the module's constants (`T_<name>`).
+    shared_tables: bool,
 }
 
 impl Lower<'_> {
@@ -432,6 +505,7 @@ impl Lower<'_> {
                 let f = self.spec.field(name).ok_or_else(|| QuantGenError(format!("no field {name}")))?;
                 self.field_load(f.offset, t, Some(self.expr(i)?))?
             }
+            Expr::Table(name, t, i) if self.shared_tables => s.cast(word_of(t), &format!("S_{name}[{}]", s.cast(Word::U32, &self.expr(i)?))),
             Expr::Table(name, _, i) => format!("T_{name}[{}]", s.cast(Word::U32, &self.expr(i)?)),
             Expr::Unary(op, t, a) => {
                 let a = self.expr(a)?;
@@ -496,6 +570,7 @@ impl Lower<'_> {
             (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], false),
             (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
+            (Ty::U8 | Ty::U16 | Ty::I8 | Ty::I16, Ty::F32) => s.narrow_int_to_f32(&v, from.is_signed()),
             (f, Ty::F32) if f.is_int() => s.cast(Word::F32, &v),
             (f, t) if f.is_int() && t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (f, t) => return Err(QuantGenError(format!("{}: cast {f} -> {t} has no GPU lowering", self.spec.ggml))),
@@ -514,6 +589,10 @@ impl Lower<'_> {
                 _ => (0..t.len()).map(|i| self.int_const(t.ty, t.bits(i))).collect(),
             };
             out.push_str(&s.table(&format!("T_{}", t.name), w, &values));
+        }
+        if let Some(f) = s.f16_to_f32_fn() {
+            out.push_str(f);
+            return Ok(out);
         }
         let u = |v| self.u32(v);
         let _ = writeln!(out, "{} {{", s.function("ds4_f16_to_f32", &[("h", Word::U32)], Word::F32, false));
@@ -561,34 +640,6 @@ impl Lower<'_> {
         s.call("ds4_dq", &[blk, sub, lane], true)
     }
 
-    /// The walk over one weight row (at `row_base`, `k` elements) shared by the mat-vec
-    /// and the matmul, as (depth, line) pairs: a thread takes runs of RUN elements inside
-    /// one sub-block (unit u: elements u·RUN ..) through an inner loop of constant
-    /// length, so what the declaration computes per sub-block (scales, offsets) is
-    /// computed once per run, not per element, and RUN is small enough that short rows
-    /// keep every thread busy. `uses` run per element with `wv` (the weight) and
-    /// `e0 + j` (its column).
-    fn weight_runs(&self, uses: &[String]) -> Vec<(usize, String)> {
-        let s = self.syn;
-        let run = (self.spec.sub_block as u64).min(RUN);
-        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
-        let threads = self.idx(THREADS as u64);
-        let dq = s.call("ds4_dq", &["ub".to_string(), "us".to_string(), format!("uj + {}", s.cast(Word::U32, "j"))], true);
-        let mut out = vec![
-            (0, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads))),
-            (1, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run)))),
-            (1, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))),
-            (1, s.decl("us", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))),
-            (1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))),
-            (1, format!("{} {{", s.for_header("j", &self.idx(0), &self.idx(run), &self.idx(1)))),
-            (2, s.decl("wv", Word::F32, false, &dq)),
-        ];
-        out.extend(uses.iter().map(|u| (2, u.clone())));
-        out.push((1, "}".into()));
-        out.push((0, "}".into()));
-        out
-    }
-
     /// Lines that sum every thread's `v` over the block, and the expression holding the
     /// total in thread 0 afterwards: the target's block sum, or a shared-memory tree
     /// (unrolled; every thread reaches every barrier).
@@ -611,7 +662,7 @@ impl Lower<'_> {
         (code, format!("{red}[0]"))
     }
 
-    fn kernel_body(&self, kind: QuantKernelKind) -> String {
+    fn kernel_body(&self, kind: QuantKernelKind) -> Result<String, QuantGenError> {
         let s = self.syn;
         let b = |n: &str| s.buffer(n);
         let threads = self.idx(THREADS as u64);
@@ -627,6 +678,7 @@ impl Lower<'_> {
                 line(2, format!("{}[ds4_bx * k + e] = {};", b("out"), self.dq_call("row_base", "e")));
                 line(1, "}".into());
             }
+            QuantKernelKind::MatMulMma => return Err(QuantGenError("matmul_mma has its own body (cuda_mma.rs)".into())),
             QuantKernelKind::MatMul => {
                 // Tokens t0 .. t0 + TOKENS; a token past m reads the last one's row (a valid
                 // address) and is not stored.
@@ -649,8 +701,8 @@ impl Lower<'_> {
                     line(1, s.decl(&format!("xo{t}"), Word::Idx, false, &format!("((p{t} / x_div) * groups + xg) * k")));
                     line(1, s.decl(&format!("acc{t}"), Word::F32, true, &self.f32_const(0.0)));
                 }
-                let uses: Vec<String> = (0..tm).map(|t| format!("acc{t} = acc{t} + wv * {}[xo{t} + e0 + j];", b("x"))).collect();
-                for (d, l) in self.weight_runs(&uses) {
+                let tokens: Vec<runs::Token> = (0..tm).map(|t| runs::Token { xo: format!("xo{t}"), acc: format!("acc{t}") }).collect();
+                for (d, l) in self.weight_runs(&tokens)? {
                     line(1 + d, l);
                 }
                 // One block sum per token (the shared array is reused: a barrier after each).
@@ -666,35 +718,43 @@ impl Lower<'_> {
                 }
             }
             QuantKernelKind::MatVec => {
-                line(1, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
-                line(1, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
-                line(2, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
-                line(2, s.decl("ex", Word::Idx, true, &self.idx(0)));
-                line(2, format!("if (has_sel != {}) {{", self.idx(0)));
-                line(3, format!("ex = {};", s.cast(Word::Idx, &format!("{}[p]", b("sel")))));
-                line(2, "}".into());
-                line(2, s.decl("sc", Word::F32, true, &self.f32_const(1.0)));
-                line(2, format!("if (has_wts != {}) {{", self.idx(0)));
-                line(3, format!("sc = {}[p];", b("wts")));
-                line(2, "}".into());
-                line(2, s.decl("row_base", Word::Idx, false, "(ex * n + ds4_bx) * row_bytes"));
-                line(2, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + ds4_bx / ng) * k"));
-                line(2, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
-                for (d, l) in self.weight_runs(&[format!("part = part + wv * {}[xo + e0 + j];", b("x"))]) {
-                    line(2 + d, l);
+                // Rows ds4_bx, ds4_bx + row_blocks, ..: fewer blocks than rows lets a block's
+                // one-time work (tables staged in shared memory) serve several rows.
+                line(1, format!("{} {{", s.for_header("row", "ds4_bx", "n", "row_blocks")));
+                line(2, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
+                line(2, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
+                line(3, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
+                line(3, s.decl("ex", Word::Idx, true, &self.idx(0)));
+                line(3, format!("if (has_sel != {}) {{", self.idx(0)));
+                line(4, format!("ex = {};", s.cast(Word::Idx, &format!("{}[p]", b("sel")))));
+                line(3, "}".into());
+                line(3, s.decl("sc", Word::F32, true, &self.f32_const(1.0)));
+                line(3, format!("if (has_wts != {}) {{", self.idx(0)));
+                line(4, format!("sc = {}[p];", b("wts")));
+                line(3, "}".into());
+                line(3, s.decl("row_base", Word::Idx, false, "(ex * n + row) * row_bytes"));
+                line(3, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + row / ng) * k"));
+                line(3, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
+                for (d, l) in self.weight_runs(&[runs::Token { xo: "xo".into(), acc: "part".into() }])? {
+                    line(3 + d, l);
                 }
-                line(2, "acc = acc + sc * part;".into());
-                line(1, "}".into());
+                line(3, "acc = acc + sc * part;".into());
+                line(2, "}".into());
                 let (code, total) = self.block_total("acc");
                 for (d, l) in code {
-                    line(1 + d, l);
+                    line(2 + d, l);
                 }
-                line(1, format!("if (ds4_tid == {}) {{", self.idx(0)));
-                line(2, format!("{}[ds4_by * n + ds4_bx] = {total};", b("out")));
+                line(2, format!("if (ds4_tid == {}) {{", self.idx(0)));
+                line(3, format!("{}[ds4_by * n + row] = {total};", b("out")));
+                line(2, "}".into());
+                if !self.syn.block_sum("v").is_some() {
+                    // The shared tree's array is reused by the next row.
+                    line(2, s.barrier());
+                }
                 line(1, "}".into());
             }
         }
-        o
+        Ok(o)
     }
 }
 
@@ -707,7 +767,7 @@ mod tests {
         for &t in ds4_ir::quant::supported() {
             let spec = ds4_ir::quant::spec(t).unwrap();
             for target in [Target::CudaSm90, Target::CudaSm120, Target::Metal] {
-                for kind in QuantKernelKind::ALL {
+                for kind in QuantKernelKind::ALL.into_iter().filter(|k| k.available(target)) {
                     let k = quant_kernel(spec, kind, target).unwrap_or_else(|e| panic!("{t} {target}: {e}"));
                     assert!(k.source.contains(&k.name));
                 }
@@ -719,7 +779,7 @@ mod tests {
     fn wgsl_quant_kernels_validate_with_naga() {
         for &t in ds4_ir::quant::supported() {
             let spec = ds4_ir::quant::spec(t).unwrap();
-            for kind in QuantKernelKind::ALL {
+            for kind in QuantKernelKind::ALL.into_iter().filter(|k| k.available(Target::Wgsl)) {
                 match quant_kernel(spec, kind, Target::Wgsl) {
                     Ok(k) => {
                         crate::validate_wgsl(&k.source).unwrap_or_else(|e| panic!("{}: {e}\n{}", k.name, k.source));

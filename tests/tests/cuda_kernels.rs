@@ -297,7 +297,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             println!("{t}: no quantizer, skipped");
             continue;
         }
-        let (rows, m) = (r.range(1, 9), r.range(1, 4));
+        let (rows, m) = (r.range(1, 100), r.range(1, 4));
         let k = t.block_elems() * r.range(1, 5);
         let src = r.floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let rb = t.bytes_for(k as u64).unwrap() as usize;
@@ -325,8 +325,10 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let mv_out = dev.alloc(m * rows * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
         let u = |v: usize| Arg::U64(v as u64);
-        let args = [Arg::Ptr(mv_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(xb.ptr), u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0)];
-        launch(&dev, &mv.func, (rows as u32, m as u32, 1), (mv.threads, 1, 1), &args).unwrap();
+        // Fewer row blocks than rows: each block loops over rows (as with staged tables).
+        let row_blocks = r.range(1, rows + 1);
+        let args = [Arg::Ptr(mv_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(xb.ptr), u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0), u(row_blocks)];
+        launch(&dev, &mv.func, (row_blocks as u32, m as u32, 1), (mv.threads, 1, 1), &args).unwrap();
         let got: Vec<f32> = mv_out.read(m * rows).unwrap();
         // |got − W[row]·xs| / Σ|W[row]·xs|, the f64 dot of the de-quantized row as reference.
         let rel = |got: f32, row: usize, xs: &[f32]| -> f64 {
@@ -342,43 +344,50 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
                 worst = worst.max(rel(got[ti * rows + j], j, &x[ti * k..(ti + 1) * k]));
             }
         }
-        // matmul (token-tiled): m2 tokens (not a multiple of the tile), rows in two
-        // groups when they split evenly (grouped matmul: group g reads x's g-th slice).
-        let m2 = r.range(2, 20);
-        let groups = if rows % 2 == 0 { 2 } else { 1 };
-        let x2 = r.floats(m2 * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        // The two prefill matmuls: SIMT (TOKENS tokens per block) and tensor cores
+        // (MMA_ROWS × MMA_TOKENS tiles; used only where a tile stays in one row group).
+        let m2 = r.range(2, 80);
+        let x2 = r.floats(m2 * 2 * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let x2b = dev.upload(&x2).unwrap();
-        let mm_out = dev.alloc(m2 * rows * 4).unwrap();
-        let mm = ks.get(&kernel_name(QuantKernelKind::MatMul, t)).unwrap();
-        let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
-        let tiles = m2.div_ceil(ds4_runtime::cuda::MATMUL_TOKENS as usize);
-        launch(&dev, &mm.func, (rows as u32, tiles as u32, 1), (mm.threads, 1, 1), &args).unwrap();
-        let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
-        let mut worst_mm = 0f64;
-        for ti in 0..m2 {
-            for j in 0..rows {
-                let xo = (ti * groups + j / (rows / groups)) * k;
-                worst_mm = worst_mm.max(rel(got2[ti * rows + j], j, &x2[xo..xo + k]));
+        let (mut worst_mm, mut worst_listed) = (0f64, 0f64);
+        for kind in [QuantKernelKind::MatMul, QuantKernelKind::MatMulMma] {
+            let mma = kind == QuantKernelKind::MatMulMma;
+            let (tile, blocks_x) = if mma { (ds4_runtime::cuda::MMA_TOKENS, rows.div_ceil(ds4_runtime::cuda::MMA_ROWS)) } else { (ds4_runtime::cuda::MATMUL_TOKENS as usize, rows) };
+            let mm = ks.get(&kernel_name(kind, t)).unwrap();
+            // m2 tokens (not a multiple of the tile); rows in two groups when they split
+            // evenly (grouped matmul: group g reads x's g-th slice), SIMT only.
+            let groups = if rows % 2 == 0 && !mma { 2 } else { 1 };
+            let mm_out = dev.alloc(m2 * rows * 4).unwrap();
+            let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
+            launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+            let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
+            for ti in 0..m2 {
+                for j in 0..rows {
+                    let xo = (ti * groups + j / (rows / groups)) * k;
+                    worst_mm = worst_mm.max(rel(got2[ti * rows + j], j, &x2[xo..xo + k]));
+                }
+            }
+            // Over listed rows (the routed experts grouped by expert): the matrix as `ne`
+            // experts of rows / ne rows, row p of x belongs to expert p % ne.
+            let ne = if rows % 2 == 0 { 2 } else { 1 };
+            let per = rows / ne;
+            let sel: Vec<i32> = (0..m2).map(|p| (p % ne) as i32).collect();
+            let (idx, gexp) = ds4_runtime::cuda::expert_groups(&sel, ne, tile);
+            let (idxb, gexpb) = (dev.upload(&idx).unwrap(), dev.upload(&gexp).unwrap());
+            let ml_out = dev.alloc(m2 * per * 4).unwrap();
+            let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
+            let bx = if mma { per.div_ceil(ds4_runtime::cuda::MMA_ROWS) } else { per };
+            launch(&dev, &mm.func, (bx as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+            let got3: Vec<f32> = ml_out.read(m2 * per).unwrap();
+            for p in 0..m2 {
+                for j in 0..per {
+                    worst_listed = worst_listed.max(rel(got3[p * per + j], sel[p] as usize * per + j, &x2[p * k..(p + 1) * k]));
+                }
             }
         }
-        // matmul over listed rows (the routed experts grouped by expert): the matrix as
-        // `ne` experts of rows / ne rows, row p of x belongs to expert p % ne.
-        let ne = if rows % 2 == 0 { 2 } else { 1 };
-        let per = rows / ne;
-        let sel: Vec<i32> = (0..m2).map(|p| (p % ne) as i32).collect();
-        let (idx, gexp) = ds4_runtime::cuda::expert_groups(&sel, ne);
-        let (idxb, gexpb) = (dev.upload(&idx).unwrap(), dev.upload(&gexp).unwrap());
-        let ml_out = dev.alloc(m2 * per * 4).unwrap();
-        let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
-        launch(&dev, &mm.func, (per as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), &args).unwrap();
-        let got3: Vec<f32> = ml_out.read(m2 * per).unwrap();
-        let mut worst_listed = 0f64;
-        for p in 0..m2 {
-            for j in 0..per {
-                worst_listed = worst_listed.max(rel(got3[p * per + j], sel[p] as usize * per + j, &x2[p * k..(p + 1) * k]));
-            }
-        }
-        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul {worst_mm:.2e} ({m2} tokens, {groups} groups), by expert {worst_listed:.2e} ({ne} experts)");
+        let groups = if rows % 2 == 0 { 2 } else { 1 };
+        let ne = groups;
+        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul and matmul_mma {worst_mm:.2e} ({m2} tokens, {groups} groups), by expert {worst_listed:.2e} ({ne} experts)");
         assert!(worst_listed < 1e-5, "{t}: expert-grouped matmul off by {worst_listed}");
         assert!(worst_mm < 1e-5, "{t}: matmul off by {worst_mm}");
         assert!(exact, "{t}: GPU de-quantization differs from the CPU's");

@@ -94,6 +94,9 @@ impl Kernels {
             }
         }
         for &(kind, t) in set.quant.keys() {
+            if !kind.available(target) {
+                continue;
+            }
             units.push(quant_unit(kind, t, target)?);
         }
         let arch = format!("--gpu-architecture=compute_{}", dev.sm);

@@ -17,8 +17,10 @@ use std::collections::HashMap;
 /// Blocks per SM an attention launch aims for.
 const ATTENTION_BLOCKS_PER_SM: usize = 4;
 
-/// Rows per block of the token-tiled matmul.
+/// Tokens per block of the SIMT matmul, and rows × tokens of the tensor-core one.
 const TOKENS: usize = ds4_codegen::quant::TOKENS as usize;
+const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;
+const MMA_TOKENS: usize = ds4_codegen::quant::MMA_TOKENS as usize;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -99,21 +101,25 @@ impl GpuExecutor<'_> {
             ("ng", u(ng)),
             ("has_sel", u(sel.is_some() as usize)),
             ("has_wts", u(wts.is_some() as usize)),
+            ("row_blocks", u(matvec_row_blocks(w.ty, n, m, self.dev.sms))),
         ];
-        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (n as u32, m as u32), &named)
+        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (matvec_row_blocks(w.ty, n, m, self.dev.sms) as u32, m as u32), &named)
     }
 
-    /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for m > 1 tokens: the
-    /// token-tiled kernel (each de-quantized weight serves `TOKENS` tokens).
+    /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for m > 1 tokens: on tensor
+    /// cores where a tile of rows stays inside one row group, else the SIMT kernel.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
-        let blocks_y = m.div_ceil(TOKENS);
-        self.matmul_launch(out, w, x, n, k, m, groups, ng, 1, None, blocks_y)
+        if groups == 1 || ng % MMA_ROWS == 0 {
+            self.matmul_launch(QuantKernelKind::MatMulMma, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(MMA_TOKENS))
+        } else {
+            self.matmul_launch(QuantKernelKind::MatMul, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(TOKENS))
+        }
     }
 
-    /// The `MatMul` kernel; `listed`: (row lists, experts) of `blocks_y` expert groups.
+    /// A matmul kernel (`kind`); `listed`: (row lists, experts) of `blocks_y` expert groups.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_launch(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize) -> Result<(), ExecError> {
+    fn matmul_launch(&self, kind: QuantKernelKind, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
         let (idx, gexp) = listed.unwrap_or((self.dummy.ptr, self.dummy.ptr));
         let named = [
@@ -131,7 +137,8 @@ impl GpuExecutor<'_> {
             ("x_div", u(x_div)),
             ("has_idx", u(listed.is_some() as usize)),
         ];
-        self.call(&kernel_name(QuantKernelKind::MatMul, w.ty), (n as u32, blocks_y as u32), &named)
+        let blocks_x = if kind == QuantKernelKind::MatMulMma { n.div_ceil(MMA_ROWS) } else { n };
+        self.call(&kernel_name(kind, w.ty), (blocks_x as u32, blocks_y as u32), &named)
     }
 
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
@@ -258,7 +265,7 @@ impl GpuExecutor<'_> {
                     // matmul over row lists). Decode: a mat-vec per (token, pick) over the
                     // picked expert's rows.
                     let groups = if t > 1 {
-                        let (idx, gexp) = expert_groups(&sel_host, n_exp);
+                        let (idx, gexp) = expert_groups(&sel_host, n_exp, MMA_TOKENS);
                         Some((self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len()))
                     } else {
                         None
@@ -267,8 +274,9 @@ impl GpuExecutor<'_> {
                     let ub = self.dev.alloc(t * k * ff * 4)?;
                     match &groups {
                         Some((idx, gexp, n_groups)) => {
-                            self.matmul_launch(&gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
-                            self.matmul_launch(&ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            let mma = QuantKernelKind::MatMulMma;
+                            self.matmul_launch(mma, &gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.matmul_launch(mma, &ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
                         }
                         None => {
                             self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
@@ -281,7 +289,7 @@ impl GpuExecutor<'_> {
                     match &groups {
                         Some((idx, gexp, n_groups)) => {
                             let y = self.dev.alloc(t * k * d * 4)?;
-                            self.matmul_launch(&y, down, h.ptr, d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr, d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
                             self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
                         }
                         None => {
@@ -482,18 +490,29 @@ impl GpuExecutor<'_> {
     }
 }
 
+/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y): one per row, but
+/// for types with tables (staged in shared memory once per block) about 8 blocks per SM,
+/// each looping over its rows.
+pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, sms: usize) -> usize {
+    if ds4_ir::quant::spec(ty).is_some_and(|s| !s.tables.is_empty()) {
+        n.min((8 * sms / m.max(1)).max(1))
+    } else {
+        n
+    }
+}
+
 /// Row lists for the expert-grouped matmul: the (token, pick) rows `p` of `sel` by expert,
-/// in order, `TOKENS` to a group (-1 pads a group's tail), and each group's expert.
-pub fn expert_groups(sel: &[i32], n_exp: usize) -> (Vec<i32>, Vec<i32>) {
+/// in order, `tokens` to a group (-1 pads a group's tail), and each group's expert.
+pub fn expert_groups(sel: &[i32], n_exp: usize, tokens: usize) -> (Vec<i32>, Vec<i32>) {
     let mut by_expert: Vec<Vec<i32>> = vec![Vec::new(); n_exp];
     for (p, &e) in sel.iter().enumerate() {
         by_expert[e as usize].push(p as i32);
     }
     let (mut idx, mut gexp) = (Vec::new(), Vec::new());
     for (e, rows) in by_expert.iter().enumerate() {
-        for chunk in rows.chunks(TOKENS) {
+        for chunk in rows.chunks(tokens) {
             idx.extend_from_slice(chunk);
-            idx.extend(std::iter::repeat_n(-1, TOKENS - chunk.len()));
+            idx.extend(std::iter::repeat_n(-1, tokens - chunk.len()));
             gexp.push(e as i32);
         }
     }
@@ -507,7 +526,7 @@ mod tests {
     #[test]
     fn expert_groups_list_every_row_once_by_expert() {
         let sel = [2, 0, 2, 2, 1, 2, 2, 2, 2, 2, 2, 0];
-        let (idx, gexp) = expert_groups(&sel, 4);
+        let (idx, gexp) = expert_groups(&sel, 4, TOKENS);
         assert_eq!(gexp, vec![0, 1, 2, 2]);
         assert_eq!(idx.len(), gexp.len() * TOKENS);
         let mut seen: Vec<i32> = idx.iter().copied().filter(|&p| p >= 0).collect();

@@ -19,6 +19,7 @@ mod backend_choice;
 mod compile;
 mod device;
 mod exec;
+pub mod kernel_bench;
 mod placement;
 pub mod profile;
 mod session;
@@ -26,12 +27,15 @@ mod session;
 pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels};
 pub use device::{launch, probe, Arg, CudaError, Device, DeviceBuf};
-pub use exec::expert_groups;
+pub use exec::{expert_groups, matvec_row_blocks};
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;
 pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, QuantKernelKind, TOKENS as MATMUL_TOKENS};
+/// Rows and tokens of a tensor-core matmul tile.
+pub const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;
+pub const MMA_TOKENS: usize = ds4_codegen::quant::MMA_TOKENS as usize;
 
 /// The line tests print when they cannot run here.
 pub fn skip_reason() -> Option<String> {

@@ -1,0 +1,310 @@
+//! The weight loop of the mat-vec and the matmul: how a thread walks a weight row.
+//!
+//! A thread takes *runs* of [`RUN`] consecutive elements. Inside a run the declaration's
+//! lets are emitted inline, each at its level: the per-block and per-sub-block ones once,
+//! the per-element ones for each of the run's elements (the loop is unrolled in the
+//! source, so element `j` is a literal where it can be). The dot product uses the
+//! factored form of the element value (see [`Factored`]): `Σ (a·e_j + o)·x_j` is
+//! `a·Σ e_j·x_j + o·Σ x_j`, one fused multiply-add per element and token instead of the
+//! two or three multiplications of the declared expression (the same reassociation the
+//! CPU's dot products use). De-quantization itself (`ds4_dq`, the embedding rows) keeps
+//! the declared expression and its exact rounding.
+//!
+//! Runs are one of two shapes:
+//! - inside a sub-block (`sub_block` a multiple of [`RUN`]): the block/sub-block lets and
+//!   the factored scale once per run, x loaded in vectors where the target has them;
+//! - across blocks (`block_elems` divides [`RUN`]: F32, F16, BF16): every element is its
+//!   own block; nothing to factor, but the run still amortises the loop and indexing,
+//!   and a tail loop takes the last `k % RUN` elements.
+//! Other layouts take runs of one sub-block.
+
+use super::{Lower, Word};
+use ds4_ir::quant::{BinOp, Expr, Level, Ty};
+
+/// Elements a thread takes at a time.
+pub const RUN: u64 = 8;
+
+/// `value = scale · elem (± offset)`, split by what each factor depends on.
+pub struct Factored<'a> {
+    /// Factors that do not depend on the element (empty: 1).
+    pub scale: Vec<&'a Expr>,
+    /// Factors that do (never empty).
+    pub elem: Vec<&'a Expr>,
+    /// A term that does not depend on the element, added (false) or subtracted (true).
+    pub offset: Option<(bool, &'a Expr)>,
+}
+
+/// How a weight row is walked (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// Runs of `run` elements inside one sub-block.
+    InSub { run: u64 },
+    /// Runs of [`RUN`] elements spanning `RUN / block_elems` blocks.
+    Blocks,
+}
+
+/// One token's share of a run: the offset of its x row and its accumulator.
+pub struct Token {
+    pub xo: String,
+    pub acc: String,
+}
+
+impl Lower<'_> {
+    /// What `e` depends on: the element (`j` or an element let), the sub-block, or only
+    /// the block.
+    pub(super) fn level(&self, e: &Expr) -> Level {
+        match *e {
+            Expr::Int(..) | Expr::F32(_) | Expr::Field(..) => Level::Block,
+            Expr::Sub => Level::Sub,
+            Expr::Lane => Level::Elem,
+            Expr::Var(name, _) => self.spec.let_(name).map_or(Level::Elem, |l| l.level),
+            Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => self.level(a),
+            Expr::Binary(_, _, a, b) => self.level(a).max(self.level(b)),
+            Expr::Select(_, c, a, b) => self.level(c).max(self.level(a)).max(self.level(b)),
+        }
+    }
+
+    /// The factored form of the element value, None when nothing depends on the element.
+    pub(super) fn factored(&self) -> Option<Factored<'static>> {
+        let value: &'static Expr = self.spec.value;
+        let per_elem = |e: &Expr| self.level(e) == Level::Elem;
+        let (product, offset) = match *value {
+            Expr::Binary(op @ (BinOp::Add | BinOp::Sub), Ty::F32, a, b) if per_elem(a) && !per_elem(b) => (a, Some((op == BinOp::Sub, b))),
+            Expr::Binary(BinOp::Add, Ty::F32, a, b) if !per_elem(a) && per_elem(b) => (b, Some((false, a))),
+            _ => (value, None),
+        };
+        fn flatten(e: &'static Expr, out: &mut Vec<&'static Expr>) {
+            match *e {
+                Expr::Binary(BinOp::Mul, Ty::F32, a, b) => {
+                    flatten(a, out);
+                    flatten(b, out);
+                }
+                _ => out.push(e),
+            }
+        }
+        let mut factors = Vec::new();
+        flatten(product, &mut factors);
+        let (elem, scale): (Vec<_>, Vec<_>) = factors.into_iter().partition(|f| per_elem(f));
+        if elem.is_empty() {
+            return None;
+        }
+        Some(Factored { scale, elem, offset })
+    }
+
+    fn shape(&self) -> Shape {
+        let (be, sb) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
+        if sb % RUN == 0 {
+            Shape::InSub { run: RUN }
+        } else if RUN % be == 0 && be % sb == 0 {
+            Shape::Blocks
+        } else {
+            Shape::InSub { run: sb }
+        }
+    }
+
+    /// The product of `factors` as one expression (`1.0` for none).
+    fn product(&self, factors: &[&Expr]) -> Result<String, super::QuantGenError> {
+        if factors.is_empty() {
+            return Ok(self.f32_const(1.0));
+        }
+        let parts = factors.iter().map(|f| self.expr(f)).collect::<Result<Vec<_>, _>>()?;
+        Ok(format!("({})", parts.join(" * ")))
+    }
+
+    /// Declarations of the lets at `level`, in declaration order.
+    fn lets_at(&self, level: Level) -> Result<Vec<String>, super::QuantGenError> {
+        let s = self.syn;
+        self.spec
+            .lets
+            .iter()
+            .filter(|l| l.level == level)
+            .map(|l| Ok(s.decl(&format!("v_{}", l.name), super::word_of(l.ty), false, &self.expr(l.value)?)))
+            .collect()
+    }
+
+    /// Lines (depth, text) walking the weight row at `row_base` (`k` elements): each
+    /// token's `acc += W[row] · x[xo ..]`.
+    pub(super) fn weight_runs(&self, tokens: &[Token]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        let s = self.syn;
+        let x = s.buffer("x");
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let threads = self.idx(super::THREADS as u64);
+        let shape = self.shape();
+        let run = match shape {
+            Shape::InSub { run } => run,
+            Shape::Blocks => RUN,
+        };
+        let mut out = vec![
+            (0, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads))),
+            (1, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run)))),
+        ];
+        // x of each token: vectors of four where the target has them and runs are aligned
+        // (inside a sub-block, `xo + e0` is a multiple of the run).
+        let vectors = matches!(shape, Shape::InSub { run } if run % 4 == 0) && s.load_f32x4("v", &x, "0").is_some();
+        for (t, tok) in tokens.iter().enumerate() {
+            for jj in 0..run {
+                let name = format!("x{t}_{jj}");
+                if vectors {
+                    let q = format!("xq{t}_{}", jj / 4);
+                    if jj % 4 == 0 {
+                        let at = format!("{} + e0 + {}", tok.xo, self.idx(jj));
+                        out.push((1, s.load_f32x4(&q, &x, &at).unwrap_or_default()));
+                    }
+                    out.push((1, s.decl(&name, Word::F32, false, &s.vec4_lane(&q, jj % 4))));
+                } else {
+                    out.push((1, s.decl(&name, Word::F32, false, &format!("{x}[{} + e0 + {}]", tok.xo, self.idx(jj)))));
+                }
+            }
+        }
+        match shape {
+            Shape::InSub { run } => {
+                out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))));
+                out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))));
+                if run != self.spec.sub_block as u64 {
+                    out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))));
+                }
+                for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
+                    out.push((1, l));
+                }
+                let f = self.factored();
+                let (scale, elem) = match &f {
+                    Some(f) => (self.product(&f.scale)?, self.product(&f.elem)?),
+                    None => (self.f32_const(1.0), self.expr(self.spec.value)?),
+                };
+                let offset = match &f {
+                    Some(Factored { offset: Some((neg, o)), .. }) => Some((*neg, self.expr(o)?)),
+                    _ => None,
+                };
+                for (t, _) in tokens.iter().enumerate() {
+                    out.push((1, s.decl(&format!("ea{t}"), Word::F32, true, &self.f32_const(0.0))));
+                    if offset.is_some() {
+                        out.push((1, s.decl(&format!("es{t}"), Word::F32, true, &self.f32_const(0.0))));
+                    }
+                }
+                for jj in 0..run {
+                    out.push((1, "{".into()));
+                    let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
+                    out.push((2, s.decl("j", Word::U32, false, &j)));
+                    for l in self.lets_at(Level::Elem)? {
+                        out.push((2, l));
+                    }
+                    out.push((2, s.decl("ev", Word::F32, false, &elem)));
+                    for (t, _) in tokens.iter().enumerate() {
+                        out.push((2, format!("ea{t} = {};", s.fma("ev", &format!("x{t}_{jj}"), &format!("ea{t}")))));
+                        if offset.is_some() {
+                            out.push((2, format!("es{t} = es{t} + x{t}_{jj};")));
+                        }
+                    }
+                    out.push((1, "}".into()));
+                }
+                out.push((1, s.decl("rsc", Word::F32, false, &scale)));
+                if let Some((neg, o)) = &offset {
+                    let o = if *neg { format!("(-{o})") } else { o.clone() };
+                    out.push((1, s.decl("rso", Word::F32, false, &o)));
+                }
+                for (t, tok) in tokens.iter().enumerate() {
+                    let mut total = s.fma("rsc", &format!("ea{t}"), &tok.acc);
+                    if offset.is_some() {
+                        total = s.fma("rso", &format!("es{t}"), &total);
+                    }
+                    out.push((1, format!("{} = {total};", tok.acc)));
+                }
+                out.push((0, "}".into()));
+            }
+            Shape::Blocks => {
+                // Element jj of the run is element (jj % be) of block jj / be: all literals.
+                let (be_n, sb_n) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
+                out.push((1, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))));
+                for jj in 0..RUN {
+                    out.push((1, "{".into()));
+                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
+                    out.push((2, s.decl("s", Word::U32, false, &self.u32(jj % be_n / sb_n))));
+                    out.push((2, s.decl("j", Word::U32, false, &self.u32(jj % be_n % sb_n))));
+                    for level in [Level::Block, Level::Sub, Level::Elem] {
+                        for l in self.lets_at(level)? {
+                            out.push((2, l));
+                        }
+                    }
+                    out.push((2, s.decl("wv", Word::F32, false, &self.expr(self.spec.value)?)));
+                    for (t, tok) in tokens.iter().enumerate() {
+                        out.push((2, format!("{} = {};", tok.acc, s.fma("wv", &format!("x{t}_{jj}"), &tok.acc))));
+                    }
+                    out.push((1, "}".into()));
+                }
+                out.push((0, "}".into()));
+                // The last k % RUN elements, one per thread.
+                let tail_start = format!("(k / {r}) * {r} + ds4_tid", r = self.idx(RUN));
+                out.push((0, format!("{} {{", s.for_header("e", &tail_start, "k", &threads))));
+                out.push((1, s.decl("wv", Word::F32, false, &self.dq_call("row_base", "e"))));
+                for tok in tokens {
+                    out.push((1, format!("{} = {};", tok.acc, s.fma("wv", &format!("{x}[{} + e]", tok.xo), &tok.acc))));
+                }
+                out.push((0, "}".into()));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Lower<'_> {
+    /// Lines that de-quantize `count` consecutive elements of the row at `row_base`,
+    /// from element `e0` (a variable; a multiple of `count`, and `count` of the run):
+    /// `store(i, v)` for element `e0 + i` with value `v`, zero past `k`. The declared
+    /// expression and its rounding, lets hoisted to their level (as in `weight_runs`).
+    pub(super) fn value_runs(&self, count: u64, store: &dyn Fn(u64, &str) -> String) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        let s = self.syn;
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let mut out = Vec::new();
+        match self.shape() {
+            Shape::Blocks => {
+                // Element by element (each may be past k when k is not a multiple of RUN).
+                for i in 0..count {
+                    out.push((0, "{".into()));
+                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(i)))));
+                    out.push((1, "if (ea < k) {".into()));
+                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((2, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
+                    out.push((2, s.decl("j", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) % {sb})")))));
+                    for level in [Level::Block, Level::Sub, Level::Elem] {
+                        for l in self.lets_at(level)? {
+                            out.push((2, l));
+                        }
+                    }
+                    out.push((2, s.decl("wv", Word::F32, false, &self.expr(self.spec.value)?)));
+                    out.push((2, store(i, "wv")));
+                    out.push((1, "} else {".into()));
+                    out.push((2, store(i, &self.f32_const(0.0))));
+                    out.push((1, "}".into()));
+                    out.push((0, "}".into()));
+                }
+            }
+            Shape::InSub { run } => {
+                for q in 0..count / run {
+                    out.push((0, "{".into()));
+                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
+                    out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
+                    if run != self.spec.sub_block as u64 {
+                        out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
+                    }
+                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
+                        out.push((1, l));
+                    }
+                    for jj in 0..run {
+                        out.push((1, "{".into()));
+                        let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
+                        out.push((2, s.decl("j", Word::U32, false, &j)));
+                        for l in self.lets_at(Level::Elem)? {
+                            out.push((2, l));
+                        }
+                        out.push((2, s.decl("wv", Word::F32, false, &self.expr(self.spec.value)?)));
+                        out.push((2, store(q * run + jj, "wv")));
+                        out.push((1, "}".into()));
+                    }
+                    out.push((0, "}".into()));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
