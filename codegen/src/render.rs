@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 /// Threads per block of a kernel that runs its `'par`/`'sum` loops in parallel.
-pub const PAR_THREADS: u32 = 128;
+pub const PAR_THREADS: u32 = 512;
 
 /// Operator binding strength, weakest first; the same table fits every target for the
 /// operators kernel IR has. `CAST` is Rust's `as`; C casts bind like unary operators.

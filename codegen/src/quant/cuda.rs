@@ -130,7 +130,8 @@ impl QuantSyntax for CudaQuant {
         }
     }
 
-    /// Narrow tables stay narrow in shared memory (fewer bytes to stage per block).
+    /// Narrow tables stay narrow in shared memory (fewer bytes to stage per block), aligned
+    /// so that a run's contiguous entries can be read as one vector.
     fn shared_table(&self, name: &str, ty: Ty, word: Word, len: usize) -> Option<String> {
         let ctype = match ty {
             Ty::U8 => "unsigned char",
@@ -140,7 +141,7 @@ impl QuantSyntax for CudaQuant {
             _ => self.word(word),
         };
         Some(format!(
-            "    __shared__ {ctype} S_{name}[{len}];\n    for (unsigned int ds4_i = threadIdx.x; ds4_i < {len}u; ds4_i += blockDim.x) S_{name}[ds4_i] = ({ctype})T_{name}[ds4_i];\n"
+            "    __shared__ __align__(16) {ctype} S_{name}[{len}];\n    for (unsigned int ds4_i = threadIdx.x; ds4_i < {len}u; ds4_i += blockDim.x) S_{name}[ds4_i] = ({ctype})T_{name}[ds4_i];\n"
         ))
     }
 

@@ -25,12 +25,14 @@ pub fn hc_mix<F: Real>(
 ) {
     let mw = 2 * nh + nh * nh;
     let mo = item * mw;
-    for i in 0..nh {
+    // Rows and columns in parallel (each iteration writes only its own row or column of
+    // `out`): the same operations in the same order as one thread would do them.
+    'par: for i in 0..nh {
         out[i] = sigmoid(m[mo + i] * scale[0] + base[i]) + eps;
         out[nh + i] = F::from_f64(2.0) * sigmoid(m[mo + nh + i] * scale[1] + base[nh + i]);
     }
     let c0 = 2 * nh;
-    for i in 0..nh {
+    'par: for i in 0..nh {
         let mut mx = F::neg_infinity();
         for j in 0..nh {
             let k = c0 + i * nh + j;
@@ -49,7 +51,7 @@ pub fn hc_mix<F: Real>(
         }
     }
     // Columns first, then `iters - 1` rounds of rows-then-columns.
-    for j in 0..nh {
+    'par: for j in 0..nh {
         let mut s = F::zero();
         for i in 0..nh {
             s += out[c0 + i * nh + j];
@@ -59,7 +61,7 @@ pub fn hc_mix<F: Real>(
         }
     }
     for _it in 1..iters {
-        for i in 0..nh {
+        'par: for i in 0..nh {
             let mut s = F::zero();
             for j in 0..nh {
                 s += out[c0 + i * nh + j];
@@ -68,7 +70,7 @@ pub fn hc_mix<F: Real>(
                 out[c0 + i * nh + j] = out[c0 + i * nh + j] / (s + eps);
             }
         }
-        for j in 0..nh {
+        'par: for j in 0..nh {
             let mut s = F::zero();
             for i in 0..nh {
                 s += out[c0 + i * nh + j];

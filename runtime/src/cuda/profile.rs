@@ -1,15 +1,31 @@
 //! `DS4_PROFILE=1`: device time per op kind, for finding where a step's time goes. Each
 //! node is followed by a device synchronize, so the totals are exact per op but the run
 //! is slower than without profiling. `ds4 bench` prints the table at the end.
+//!
+//! `DS4_PROFILE=host`: no synchronization; each op's time is what the host spends on it
+//! (graph walking, argument matching, launches, and the waits of the ops that read
+//! results back). Where this total is close to the run's time, the host is the limit.
 
 use super::device::{CudaError, Device};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DS4_PROFILE").is_ok_and(|v| v != "0" && !v.is_empty()))
+/// Off, device time per op (synchronizing), or host time per op.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Off,
+    Device,
+    Host,
+}
+
+fn mode() -> Mode {
+    static ON: OnceLock<Mode> = OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("DS4_PROFILE").as_deref() {
+        Ok("host") => Mode::Host,
+        Ok(v) if v != "0" && !v.is_empty() => Mode::Device,
+        _ => Mode::Off,
+    })
 }
 
 /// (calls, seconds) per op name.
@@ -17,16 +33,19 @@ static TOTALS: Mutex<Option<HashMap<&'static str, (u64, f64)>>> = Mutex::new(Non
 
 /// The start of a node's work (None when profiling is off).
 pub fn start(dev: &Device) -> Result<Option<Instant>, CudaError> {
-    if !enabled() {
-        return Ok(None);
+    match mode() {
+        Mode::Off => return Ok(None),
+        Mode::Device => dev.synchronize()?,
+        Mode::Host => {}
     }
-    dev.synchronize()?;
     Ok(Some(Instant::now()))
 }
 
 pub fn stop(dev: &Device, t: Option<Instant>, op: &'static str) -> Result<(), CudaError> {
     let Some(t) = t else { return Ok(()) };
-    dev.synchronize()?;
+    if mode() == Mode::Device {
+        dev.synchronize()?;
+    }
     let dt = t.elapsed().as_secs_f64();
     if let Ok(mut g) = TOTALS.lock() {
         let e = g.get_or_insert_with(HashMap::new).entry(op).or_insert((0, 0.0));
