@@ -77,6 +77,10 @@ impl KernelSet {
                 Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul, QuantKernelKind::MatMulMma],
                 _ => &[QuantKernelKind::MatVec],
             };
+            // The indexer's query-row dots run as an F32 matmul on CUDA (runtime/src/cuda/exec.rs).
+            if let Op::IndexerScores { .. } = node.op {
+                set.quant.entry((QuantKernelKind::MatMulMma, ds4_ir::GgmlType::F32)).or_default().insert(node.op.name());
+            }
             let ins = graph.inputs(id);
             for &i in weight_inputs {
                 if let DType::Weight(t) = graph.node(ins[i]).ty.dtype {

@@ -23,10 +23,12 @@
 //! `quant/wgsl.rs` and `quant/metal.rs`.
 
 mod cuda;
+mod cuda_matvec;
 mod cuda_mma;
 mod metal;
 mod runs;
 
+pub use cuda_matvec::MATVEC_WARPS;
 pub use cuda_mma::{MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 
@@ -233,8 +235,9 @@ pub trait QuantSyntax {
     fn select(&self, c: &str, a: &str, b: &str) -> String {
         format!("({c} ? {a} : {b})")
     }
-    /// Byte `addr` (an Idx) of the weight buffer, as a u32.
-    fn byte(&self, addr: &str) -> String;
+    /// Byte `addr` (an Idx) of byte buffer `buf` (the weights, or a staged copy of them),
+    /// as a u32.
+    fn byte(&self, buf: &str, addr: &str) -> String;
     /// A local declaration statement.
     fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String {
         let c = if mutable { "" } else { "const " };
@@ -249,8 +252,9 @@ pub trait QuantSyntax {
     /// A device function's signature up to the brace; `with_weights` adds the weight
     /// buffer as the first parameter where the target passes buffers to functions.
     fn function(&self, name: &str, params: &[(&str, Word)], ret: Word, with_weights: bool) -> String;
-    /// The call of such a function.
-    fn call(&self, name: &str, args: &[String], with_weights: bool) -> String;
+    /// The call of such a function; `weights`: the byte buffer passed as its weights,
+    /// where the target passes buffers to functions.
+    fn call(&self, name: &str, args: &[String], weights: Option<&str>) -> String;
     /// Module-scope declarations a kernel needs (bindings, parameter structs).
     fn kernel_globals(&self, params: &[QParam], shared: u32) -> String;
     /// The kernel's signature, brace and prologue: defines `ds4_tid`, `ds4_bx`, `ds4_by`
@@ -339,7 +343,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w" };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
@@ -370,6 +374,16 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         src.push_str(&lower.mma_body()?);
         src.push_str("}\n");
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: kind.shared_bytes(), source: src });
+    }
+    if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
+        // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
+        src.push_str(&syn.kernel_open(&name, &params, 0));
+        stage(&mut src);
+        src.push_str(&lower.staged_matvec_body()?);
+        src.push_str("}\n");
+        let tables: usize = if lower.shared_tables { spec.tables.iter().map(|t| t.len() * t.ty.bytes()).sum() } else { 0 };
+        let shared_bytes = (MATVEC_WARPS * cuda_matvec::chunk_bytes(spec.block_bytes as u64)) as u32 + tables as u32;
+        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, source: src });
     }
     src.push_str(&syn.kernel_globals(&params, shared));
     src.push_str(&syn.kernel_open(&name, &params, shared));
@@ -415,6 +429,9 @@ struct Lower<'a> {
     /// Whether table reads go to the kernel's shared-memory copies (`S_<name>`, see
     /// `QuantSyntax::shared_table`) instead of the module's constants (`T_<name>`).
     shared_tables: bool,
+    /// The byte buffer block fields are read from: the weight param `ds4_w`, or a
+    /// shared-memory copy of part of a row (the CUDA mat-vec's staging, `cuda_matvec.rs`).
+    wbuf: &'static str,
 }
 
 impl Lower<'_> {
@@ -464,7 +481,7 @@ impl Lower<'_> {
             None => format!("(ds4_blk + {})", self.idx(offset as u64)),
             Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(Word::Idx, &i), self.idx(n as u64)),
         };
-        let byte = |k: usize| if k == 0 { s.byte(&base) } else { s.byte(&format!("{base} + {}", self.idx(k as u64))) };
+        let byte = |k: usize| if k == 0 { s.byte(self.wbuf, &base) } else { s.byte(self.wbuf, &format!("{base} + {}", self.idx(k as u64))) };
         let assemble = |from: usize, count: usize| -> String {
             let parts: Vec<String> =
                 (0..count).map(|k| if k == 0 { byte(from) } else { format!("({} << {})", byte(from + k), self.u32(8 * k as u64)) }).collect();
@@ -567,7 +584,7 @@ impl Lower<'_> {
         let v = self.expr(a)?;
         Ok(match (from, t) {
             (f, t) if f == t => v,
-            (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], false),
+            (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], None),
             (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
             (Ty::U8 | Ty::U16 | Ty::I8 | Ty::I16, Ty::F32) => s.narrow_int_to_f32(&v, from.is_signed()),
@@ -637,7 +654,7 @@ impl Lower<'_> {
         let within = format!("({e} % {be})");
         let sub = s.cast(Word::U32, &format!("({within} / {sb})"));
         let lane = s.cast(Word::U32, &format!("({within} % {sb})"));
-        s.call("ds4_dq", &[blk, sub, lane], true)
+        s.call("ds4_dq", &[blk, sub, lane], Some(self.wbuf))
     }
 
     /// Lines that sum every thread's `v` over the block, and the expression holding the
@@ -702,7 +719,7 @@ impl Lower<'_> {
                     line(1, s.decl(&format!("acc{t}"), Word::F32, true, &self.f32_const(0.0)));
                 }
                 let tokens: Vec<runs::Token> = (0..tm).map(|t| runs::Token { xo: format!("xo{t}"), acc: format!("acc{t}") }).collect();
-                for (d, l) in self.weight_runs(&tokens)? {
+                for (d, l) in self.weight_runs(&runs::Walk::whole_row(&threads), &tokens)? {
                     line(1 + d, l);
                 }
                 // One block sum per token (the shared array is reused: a barrier after each).
@@ -735,7 +752,7 @@ impl Lower<'_> {
                 line(3, s.decl("row_base", Word::Idx, false, "(ex * n + row) * row_bytes"));
                 line(3, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + row / ng) * k"));
                 line(3, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
-                for (d, l) in self.weight_runs(&[runs::Token { xo: "xo".into(), acc: "part".into() }])? {
+                for (d, l) in self.weight_runs(&runs::Walk::whole_row(&threads), &[runs::Token { xo: "xo".into(), acc: "part".into() }])? {
                     line(3 + d, l);
                 }
                 line(3, "acc = acc + sc * part;".into());

@@ -46,8 +46,8 @@ impl QuantSyntax for CudaQuant {
         format!("__float_as_uint({e})")
     }
 
-    fn byte(&self, addr: &str) -> String {
-        format!("((unsigned int)ds4_w[{addr}])")
+    fn byte(&self, buf: &str, addr: &str) -> String {
+        format!("((unsigned int){buf}[{addr}])")
     }
 
     fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
@@ -71,8 +71,8 @@ impl QuantSyntax for CudaQuant {
         format!("__device__ __forceinline__ {} {name}({})", self.word(ret), ps.join(", "))
     }
 
-    fn call(&self, name: &str, args: &[String], with_weights: bool) -> String {
-        let w = if with_weights { "ds4_w, " } else { "" };
+    fn call(&self, name: &str, args: &[String], weights: Option<&str>) -> String {
+        let w = weights.map(|w| format!("{w}, ")).unwrap_or_default();
         format!("{name}({w}{})", args.join(", "))
     }
 

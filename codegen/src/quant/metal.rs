@@ -40,8 +40,8 @@ impl QuantSyntax for MetalQuant {
         format!("as_type<uint>({e})")
     }
 
-    fn byte(&self, addr: &str) -> String {
-        format!("((uint)ds4_w[{addr}])")
+    fn byte(&self, buf: &str, addr: &str) -> String {
+        format!("((uint){buf}[{addr}])")
     }
 
     fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
@@ -68,8 +68,8 @@ impl QuantSyntax for MetalQuant {
         format!("static inline {} {name}({})", self.word(ret), ps.join(", "))
     }
 
-    fn call(&self, name: &str, args: &[String], with_weights: bool) -> String {
-        let w = if with_weights { "ds4_w, " } else { "" };
+    fn call(&self, name: &str, args: &[String], weights: Option<&str>) -> String {
+        let w = weights.map(|w| format!("{w}, ")).unwrap_or_default();
         format!("{name}({w}{})", args.join(", "))
     }
 

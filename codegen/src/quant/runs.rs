@@ -19,7 +19,7 @@
 //! Other layouts take runs of one sub-block.
 
 use super::{Lower, Word};
-use ds4_ir::quant::{BinOp, Expr, Level, Ty};
+use ds4_ir::quant::{BinOp, Expr, Level, Ty, UnOp};
 
 /// Elements a thread takes at a time.
 pub const RUN: u64 = 8;
@@ -47,6 +47,34 @@ enum Shape {
 pub struct Token {
     pub xo: String,
     pub acc: String,
+}
+
+/// How the threads of a kernel share a stretch of a weight row: thread runs `first`,
+/// `first + stride`, .. over `elems` elements (whole blocks) whose first block starts at
+/// byte `bytes_at` of the lowering's byte buffer and whose first element is element
+/// `x_at` of each x row.
+pub struct Walk<'w> {
+    pub first: &'w str,
+    pub stride: &'w str,
+    pub elems: &'w str,
+    pub bytes_at: &'w str,
+    pub x_at: &'w str,
+}
+
+impl Walk<'_> {
+    /// A block's threads over the whole row at `row_base` (the generic mat-vec and matmul).
+    pub fn whole_row(stride: &str) -> Walk<'_> {
+        Walk { first: "ds4_tid", stride, elems: "k", bytes_at: "row_base", x_at: "" }
+    }
+
+    /// `xo + x_at + e` as text (x_at left out when empty).
+    fn x_index(&self, xo: &str, e: &str) -> String {
+        if self.x_at.is_empty() {
+            format!("{xo} + {e}")
+        } else {
+            format!("{xo} + {} + {e}", self.x_at)
+        }
+    }
 }
 
 impl Lower<'_> {
@@ -122,20 +150,19 @@ impl Lower<'_> {
             .collect()
     }
 
-    /// Lines (depth, text) walking the weight row at `row_base` (`k` elements): each
-    /// token's `acc += W[row] · x[xo ..]`.
-    pub(super) fn weight_runs(&self, tokens: &[Token]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+    /// Lines (depth, text) walking a weight row as `walk` says: each token's
+    /// `acc += W[row] · x[xo ..]`.
+    pub(super) fn weight_runs(&self, walk: &Walk, tokens: &[Token]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
         let s = self.syn;
         let x = s.buffer("x");
         let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
-        let threads = self.idx(super::THREADS as u64);
         let shape = self.shape();
         let run = match shape {
             Shape::InSub { run } => run,
             Shape::Blocks => RUN,
         };
         let mut out = vec![
-            (0, format!("{} {{", s.for_header("u", "ds4_tid", &format!("k / {}", self.idx(run)), &threads))),
+            (0, format!("{} {{", s.for_header("u", walk.first, &format!("{} / {}", walk.elems, self.idx(run)), walk.stride))),
             (1, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run)))),
         ];
         // x of each token: vectors of four where the target has them and runs are aligned
@@ -147,18 +174,18 @@ impl Lower<'_> {
                 if vectors {
                     let q = format!("xq{t}_{}", jj / 4);
                     if jj % 4 == 0 {
-                        let at = format!("{} + e0 + {}", tok.xo, self.idx(jj));
+                        let at = walk.x_index(&tok.xo, &format!("e0 + {}", self.idx(jj)));
                         out.push((1, s.load_f32x4(&q, &x, &at).unwrap_or_default()));
                     }
                     out.push((1, s.decl(&name, Word::F32, false, &s.vec4_lane(&q, jj % 4))));
                 } else {
-                    out.push((1, s.decl(&name, Word::F32, false, &format!("{x}[{} + e0 + {}]", tok.xo, self.idx(jj)))));
+                    out.push((1, s.decl(&name, Word::F32, false, &format!("{x}[{}]", walk.x_index(&tok.xo, &format!("e0 + {}", self.idx(jj)))))));
                 }
             }
         }
         match shape {
             Shape::InSub { run } => {
-                out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))));
+                out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
                 out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))));
                 if run != self.spec.sub_block as u64 {
                     out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))));
@@ -214,7 +241,7 @@ impl Lower<'_> {
             Shape::Blocks => {
                 // Element jj of the run is element (jj % be) of block jj / be: all literals.
                 let (be_n, sb_n) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
-                out.push((1, s.decl("ub", Word::Idx, false, &format!("row_base + (e0 / {be}) * {bb}"))));
+                out.push((1, s.decl("ub", Word::Idx, false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
                 for jj in 0..RUN {
                     out.push((1, "{".into()));
                     out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
@@ -232,12 +259,12 @@ impl Lower<'_> {
                     out.push((1, "}".into()));
                 }
                 out.push((0, "}".into()));
-                // The last k % RUN elements, one per thread.
-                let tail_start = format!("(k / {r}) * {r} + ds4_tid", r = self.idx(RUN));
-                out.push((0, format!("{} {{", s.for_header("e", &tail_start, "k", &threads))));
-                out.push((1, s.decl("wv", Word::F32, false, &self.dq_call("row_base", "e"))));
+                // The last elems % RUN elements, one per thread.
+                let tail_start = format!("({e} / {r}) * {r} + {}", walk.first, e = walk.elems, r = self.idx(RUN));
+                out.push((0, format!("{} {{", s.for_header("e", &tail_start, walk.elems, walk.stride))));
+                out.push((1, s.decl("wv", Word::F32, false, &self.dq_call(walk.bytes_at, "e"))));
                 for tok in tokens {
-                    out.push((1, format!("{} = {};", tok.acc, s.fma("wv", &format!("{x}[{} + e]", tok.xo), &tok.acc))));
+                    out.push((1, format!("{} = {};", tok.acc, s.fma("wv", &format!("{x}[{}]", walk.x_index(&tok.xo, "e")), &tok.acc))));
                 }
                 out.push((0, "}".into()));
             }
@@ -306,5 +333,115 @@ impl Lower<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+/// Significant bits of an f32 constant (0 for zero).
+fn f32_bits(v: f32) -> u32 {
+    if v == 0.0 || !v.is_finite() {
+        return if v == 0.0 { 0 } else { 24 };
+    }
+    let m = (v.to_bits() & 0x7F_FFFF) | 0x80_0000;
+    24 - m.trailing_zeros()
+}
+
+impl Lower<'_> {
+    /// An upper bound on the significant bits of `e`'s f32 value (24: anything): a
+    /// narrow integer converted to f32 has its width, an f16 11, a product the sum of its
+    /// factors'. Values of 11 bits or fewer are exact in TF32, the tensor cores' f32 input.
+    pub(super) fn significant_bits(&self, e: &Expr) -> u32 {
+        match *e {
+            Expr::F32(v) => f32_bits(v),
+            Expr::Cast(Ty::F32, a) if a.ty() == Ty::F16 => 11,
+            Expr::Cast(Ty::F32, a) if a.ty().is_int() => a.ty().bits(),
+            Expr::Table(name, Ty::F32, _) => match self.spec.tables.iter().find(|t| t.name == name).map(|t| t.data) {
+                Some(ds4_ir::quant::TableData::F32(v)) => v.iter().map(|&x| f32_bits(x)).max().unwrap_or(0),
+                _ => 24,
+            },
+            Expr::Var(name, Ty::F32) => self.spec.let_(name).map_or(24, |l| self.significant_bits(l.value)),
+            Expr::Unary(UnOp::Neg, Ty::F32, a) => self.significant_bits(a),
+            Expr::Binary(BinOp::Mul, Ty::F32, a, b) => (self.significant_bits(a) + self.significant_bits(b)).min(24),
+            Expr::Select(Ty::F32, _, a, b) => self.significant_bits(a).max(self.significant_bits(b)),
+            _ => 24,
+        }
+    }
+
+    /// The element factor's significant bits (see [`Lower::significant_bits`]).
+    pub(super) fn elem_bits(&self, f: &Factored) -> u32 {
+        f.elem.iter().map(|e| self.significant_bits(e)).sum::<u32>().min(24)
+    }
+
+    /// Like [`Lower::value_runs`], in factored form: `store(i, e)` for the element
+    /// factor of element `e0 + i`, and once per run `scale(i, s, o)` with the run's scale
+    /// and offset (`o` None without one; the offset's sign folded in). Elements past `k`
+    /// only occur in the per-element shape, which has no scale: their factor is 0.
+    pub(super) fn factored_runs(&self, f: &Factored, count: u64, store: &dyn Fn(u64, &str) -> String, scale: &dyn Fn(u64, &str, Option<&str>) -> String) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        let s = self.syn;
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let elem = self.product(&f.elem)?;
+        let mut out = Vec::new();
+        match self.shape() {
+            Shape::Blocks => {
+                for i in 0..count {
+                    out.push((0, "{".into()));
+                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(i)))));
+                    out.push((1, "if (ea < k) {".into()));
+                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((2, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
+                    out.push((2, s.decl("j", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) % {sb})")))));
+                    for level in [Level::Block, Level::Sub, Level::Elem] {
+                        for l in self.lets_at(level)? {
+                            out.push((2, l));
+                        }
+                    }
+                    out.push((2, s.decl("ev", Word::F32, false, &elem)));
+                    out.push((2, store(i, "ev")));
+                    out.push((1, "} else {".into()));
+                    out.push((2, store(i, &self.f32_const(0.0))));
+                    out.push((1, "}".into()));
+                    out.push((0, "}".into()));
+                }
+            }
+            Shape::InSub { run } => {
+                let offset = match f.offset {
+                    Some((neg, o)) => Some(if neg { format!("(-{})", self.expr(o)?) } else { self.expr(o)? }),
+                    None => None,
+                };
+                for q in 0..count / run {
+                    out.push((0, "{".into()));
+                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
+                    out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
+                    if run != self.spec.sub_block as u64 {
+                        out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
+                    }
+                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
+                        out.push((1, l));
+                    }
+                    out.push((1, scale(q * run, &self.product(&f.scale)?, offset.as_deref())));
+                    for jj in 0..run {
+                        out.push((1, "{".into()));
+                        let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
+                        out.push((2, s.decl("j", Word::U32, false, &j)));
+                        for l in self.lets_at(Level::Elem)? {
+                            out.push((2, l));
+                        }
+                        out.push((2, s.decl("ev", Word::F32, false, &elem)));
+                        out.push((2, store(q * run + jj, "ev")));
+                        out.push((1, "}".into()));
+                    }
+                    out.push((0, "}".into()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Elements per run of the in-sub-block shape (None: the per-element shape).
+    pub(super) fn sub_run(&self) -> Option<u64> {
+        match self.shape() {
+            Shape::InSub { run } => Some(run),
+            Shape::Blocks => None,
+        }
     }
 }

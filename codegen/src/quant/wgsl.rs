@@ -48,8 +48,8 @@ impl QuantSyntax for WgslQuant {
         format!("select({b}, {a}, {c})")
     }
 
-    fn byte(&self, addr: &str) -> String {
-        format!("((ds4_w[({addr}) >> 2u] >> ((({addr}) & 3u) * 8u)) & 0xFFu)")
+    fn byte(&self, buf: &str, addr: &str) -> String {
+        format!("(({buf}[({addr}) >> 2u] >> ((({addr}) & 3u) * 8u)) & 0xFFu)")
     }
 
     fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String {
@@ -76,7 +76,8 @@ impl QuantSyntax for WgslQuant {
         format!("fn {name}({}) -> {}", ps.join(", "), self.word(ret))
     }
 
-    fn call(&self, name: &str, args: &[String], _with_weights: bool) -> String {
+    /// WGSL functions read the buffers as globals: `weights` is always `ds4_w` here.
+    fn call(&self, name: &str, args: &[String], _weights: Option<&str>) -> String {
         format!("{name}({})", args.join(", "))
     }
 

@@ -31,7 +31,9 @@ pub fn compress_pool<F: Real>(item: usize, out: &mut [F], kv: &[F], gate: &[F], 
 /// `Σ_h (w_h / sqrt(heads)) · relu(q_h · k) / sqrt(dk)`, -inf for rows the query may not
 /// see yet; in two steps, so that a decode step (one token) still fills a GPU.
 ///
-/// Step 1, item = (token, head): each visible row's `relu(q_h · k)` (0 for the others).
+/// Step 1, item = (token, head): each visible row's `q_h · k` (0 for the others). The
+/// relu is step 2's, so that a GPU may compute every row's dot as one matmul of the
+/// queries against the rows (the CUDA backend does) and leave the masking to step 2.
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "n_rows")]
 pub fn indexer_head_dots<F: Real>(item: usize, out: &mut [F], q: &[F], rows: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {
@@ -43,11 +45,11 @@ pub fn indexer_head_dots<F: Real>(item: usize, out: &mut [F], q: &[F], rows: &[F
                 dot += q[item * dk + c] * rows[r * dk + c];
             }
         }
-        out[r] = dot.max(F::zero());
+        out[r] = dot;
     }
 }
 
-/// Step 2, item = token: the heads' relu dots weighted and summed.
+/// Step 2, item = token: the heads' dots, relu'd, weighted and summed.
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "n_rows")]
 pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F], n_rows: usize, heads: usize, dk: usize, pos0: usize, ratio: usize) {
@@ -59,7 +61,7 @@ pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F],
         if r < visible {
             s = F::zero();
             for h in 0..heads {
-                s += dots[(item * heads + h) * n_rows + r] * scale * (w[item * heads + h] * wscale);
+                s += dots[(item * heads + h) * n_rows + r].max(F::zero()) * scale * (w[item * heads + h] * wscale);
             }
         }
         out[r] = s;

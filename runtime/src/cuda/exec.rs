@@ -419,11 +419,17 @@ impl GpuExecutor<'_> {
                 }
                 Op::IndexerScores { ratio } => {
                     let (qs, n_rows) = (in_shape(0), shape[1]);
-                    // Two steps (see `indexer_head_dots`): a block per (token, head), then per token.
+                    // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
+                    // query against every row: one tensor-core matmul with the rows as an
+                    // F32 "weight" (rows a query may not see are computed and then masked
+                    // by step 2).
                     let (heads, dk) = (qs[1], qs[2]);
+                    let dots = self.dev.alloc(n_out * heads * 4)?;
+                    let (Arg::Ptr(q), Arg::Ptr(rows)) = (f(0)?, f(2)?) else { unreachable!() };
+                    let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
+                    let m = n_out / n_rows.max(1) * heads;
+                    self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS))?;
                     let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
-                    let dots = self.op("indexer_head_dots", n_out * heads, n_rows, &[&[("q", f(0)?), ("rows", f(2)?)][..], &common].concat())?;
-                    let GVal::F(dots, _) = dots else { unreachable!() };
                     self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
                 }
                 Op::Attention { window, ratio, comp } => {
@@ -490,14 +496,15 @@ impl GpuExecutor<'_> {
     }
 }
 
-/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y): one per row, but
-/// for types with tables (staged in shared memory once per block) about 8 blocks per SM,
-/// each looping over its rows.
+/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y): a warp per row
+/// (`MATVEC_WARPS` rows per block), but for types with tables (staged in shared memory
+/// once per block) about 8 blocks per SM, each looping over its rows.
 pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, sms: usize) -> usize {
+    let blocks = n.div_ceil(ds4_codegen::quant::MATVEC_WARPS as usize);
     if ds4_ir::quant::spec(ty).is_some_and(|s| !s.tables.is_empty()) {
-        n.min((8 * sms / m.max(1)).max(1))
+        blocks.min((8 * sms / m.max(1)).max(1))
     } else {
-        n
+        blocks
     }
 }
 
