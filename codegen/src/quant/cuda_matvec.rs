@@ -70,7 +70,8 @@ impl Lower<'_> {
             "    const unsigned long long ex = has_sel != 0ull ? (unsigned long long)ds4_sel[p] : 0ull;",
             "    const float sc = has_wts != 0ull ? ds4_wts[p] : 1.0f;",
             "    const unsigned long long row_base = (ex * n + row) * row_bytes;",
-            "    const unsigned long long xo = ((p / x_div) * groups + row / ng) * k;",
+            // 32-bit divisions (a 64-bit one is a long software routine, here per row).
+            "    const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;",
             "    float part = 0.0f;",
         ] {
             w(2, l);

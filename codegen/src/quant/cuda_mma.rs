@@ -5,8 +5,10 @@
 //! 32 columns, the block stages its 64 × 32 weight tile and the tokens' 64 × 32 x tile in
 //! shared memory, then each warp multiplies its 32 × 32 quarter with
 //! `mma.sync.m16n8k8` on TF32. TF32 keeps 11 significant bits, so x is split in two TF32
-//! numbers (`big = tf32(v)`, `small = tf32(v − big)`, 21 of f32's 24 bits) when it is
-//! staged. The weights come in one of two forms:
+//! numbers (`big = tf32(v)`, `small = tf32(v − big)`, 21 of f32's 24 bits) as each warp
+//! reads its fragments (splitting when staging would double the x tile's shared memory,
+//! and the kernel is latency-bound: fewer resident blocks cost more than the splits, as
+//! measured on the H200). The weights come in one of two forms:
 //!
 //! - **factored** (most quant types): the declaration's value is `scale · e + offset`
 //!   (see `runs::Factored`) where the element factor `e` needs at most 11 bits (a narrow
@@ -33,10 +35,10 @@ use std::fmt::Write;
 pub const MMA_ROWS: u64 = 64;
 /// Tokens per block (and rows per expert group when the rows are listed).
 pub const MMA_TOKENS: u64 = 64;
-/// Shared memory, at most: the weight tile and x's two halves (64 × 36 words each, padded
-/// against bank conflicts), per row and sub-block a scale and an offset, per token and 8
-/// columns a sum of x, and the tokens' x offsets and output rows.
-pub const MMA_SHARED_BYTES: u32 = 3 * 64 * 36 * 4 + 2 * 64 * 4 * 4 + 64 * 4 * 4 + 64 * 8 + 64 * 8;
+/// Shared memory, at most: the weight and x tiles (64 × 36 words each, padded against bank
+/// conflicts), per row and sub-block a scale and an offset, per token and 8 columns a sum
+/// of x, and the tokens' x offsets and output rows.
+pub const MMA_SHARED_BYTES: u32 = 2 * 64 * 36 * 4 + 2 * 64 * 4 * 4 + 64 * 4 * 4 + 64 * 8 + 64 * 8;
 
 /// Helpers placed before the kernel: the TF32 split and one MMA.
 const MMA_HELPERS: &str = r#"// v = big + small, both TF32 (round to nearest): 21 of f32's 24 bits survive.
@@ -108,8 +110,7 @@ impl Lower<'_> {
         // Tile bookkeeping: which tokens (x offsets, output rows) this block serves.
         for l in [
             "__shared__ unsigned int ws[64 * 36];",
-            "__shared__ unsigned int xb[64 * 36];",
-            "__shared__ unsigned int xl[64 * 36];",
+            "__shared__ float xs[64 * 36];",
             &format!("__shared__ float scs[64 * {g_count}];"),
             &format!("__shared__ float ofs[64 * {g_count}];"),
             "__shared__ float xs8[64 * 4];",
@@ -183,8 +184,7 @@ impl Lower<'_> {
         w(&mut o, 3, &format!("for (int i = 0; i < {g_count}; i++) {{ scs[trow * {g_count}ull + i] = 0.0f; ofs[trow * {g_count}ull + i] = 0.0f; }}"));
         w(&mut o, 2, "}");
         for l in [
-            // x: each value split into two TF32 halves once, and the sums of x per 8
-            // columns (the offsets' Σ x).
+            // x, and its sums per 8 columns (the offsets' Σ x).
             "float xv[16];",
             "if (tok_ok && e0 + 16ull <= k && (k & 3ull) == 0ull) {",
             "    const float4* src = (const float4*)(&ds4_x[tok_x + e0]);",
@@ -195,7 +195,7 @@ impl Lower<'_> {
             "} else {",
             "    for (unsigned long long i = 0ull; i < 16ull; i++) xv[i] = (tok_ok && e0 + i < k) ? ds4_x[tok_x + e0 + i] : 0.0f;",
             "}",
-            "for (int i = 0; i < 16; i++) ds4_split_tf32(xv[i], xb[trow * 36ull + half + i], xl[trow * 36ull + half + i]);",
+            "for (int i = 0; i < 16; i++) xs[trow * 36ull + half + i] = xv[i];",
             "for (int h = 0; h < 2; h++) {",
             "    float sx = 0.0f;",
             "    for (int i = 0; i < 8; i++) sx += xv[8 * h + i];",
@@ -223,8 +223,9 @@ impl Lower<'_> {
                         "        a[i][0] = ap[0]; a[i][1] = ap[8 * 36]; a[i][2] = ap[4]; a[i][3] = ap[8 * 36 + 4];",
                         "    }",
                         "    for (int j = 0; j < 4; j++) {",
-                        "        const unsigned int at = (wn * 32u + j * 8u + g) * 36u + kk + t4;",
-                        "        bb[j][0] = xb[at]; bb[j][1] = xb[at + 4]; bs[j][0] = xl[at]; bs[j][1] = xl[at + 4];",
+                        "        const float* b = &xs[(wn * 32u + j * 8u + g) * 36u + kk + t4];",
+                        "        ds4_split_tf32(b[0], bb[j][0], bs[j][0]);",
+                        "        ds4_split_tf32(b[4], bb[j][1], bs[j][1]);",
                         "    }",
                         "    for (int i = 0; i < 2; i++) {",
                         "        for (int j = 0; j < 4; j++) {",
@@ -275,8 +276,9 @@ impl Lower<'_> {
                     "        ds4_split_tf32(ap[8 * 36 + 4], ab[i][3], as_[i][3]);",
                     "    }",
                     "    for (int j = 0; j < 4; j++) {",
-                    "        const unsigned int at = (wn * 32u + j * 8u + g) * 36u + kk + t4;",
-                    "        bb[j][0] = xb[at]; bb[j][1] = xb[at + 4]; bs[j][0] = xl[at]; bs[j][1] = xl[at + 4];",
+                    "        const float* b = &xs[(wn * 32u + j * 8u + g) * 36u + kk + t4];",
+                    "        ds4_split_tf32(b[0], bb[j][0], bs[j][0]);",
+                    "        ds4_split_tf32(b[4], bb[j][1], bs[j][1]);",
                     "    }",
                     "    for (int i = 0; i < 2; i++) {",
                     "        for (int j = 0; j < 4; j++) {",
