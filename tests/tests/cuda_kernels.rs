@@ -394,3 +394,72 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         assert!(worst < 1e-5, "{t}: matvec off by {worst}");
     }
 }
+
+/// The mat-vec's pipelined path (rows 16-byte aligned, several shared-memory chunks per
+/// row) and its gathered form (the routed experts at decode: `picks` experts per token,
+/// chosen by `sel`, weighted by `wts`), against f64 dots of the de-quantized rows.
+#[test]
+fn matvec_on_aligned_rows_with_picks() {
+    let Some(dev) = device() else { return };
+    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for &t in ds4_ir::quant::supported() {
+        if !ds4_ir::quant::can_quantize(t) {
+            continue;
+        }
+        // The fewest blocks whose bytes are a multiple of 16; sometimes rows of more than
+        // one 4 KiB chunk.
+        let bb = t.bytes_for(t.block_elems() as u64).unwrap() as usize;
+        let unit = 16 / gcd(bb, 16);
+        let k = t.block_elems() * unit * if r.next() % 2 == 0 { r.range(1, 4) } else { 4096 / (t.block_elems() * unit) + r.range(1, 3) };
+        let rb = t.bytes_for(k as u64).unwrap() as usize;
+        assert_eq!(rb % 16, 0);
+        let (experts, n, tokens, picks) = (r.range(1, 5), r.range(1, 70), r.range(1, 3), r.range(1, 4));
+        let src: Vec<f32> = r.floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
+        let mut bytes = vec![0u8; experts * n * rb];
+        for i in 0..experts * n {
+            ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
+        }
+        let mut wrows = vec![0f32; experts * n * k];
+        for i in 0..experts * n {
+            ds4_ir::quant::dequantize_row(t, &bytes[i * rb..][..rb], &mut wrows[i * k..(i + 1) * k]).unwrap();
+        }
+        // x has a row per (token, pick) (x_div = 1), as the experts' gate/up mat-vec reads.
+        let x: Vec<f32> = r.floats(tokens * picks * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let sel: Vec<i32> = (0..tokens * picks).map(|_| r.range(0, experts) as i32).collect();
+        let wts: Vec<f32> = r.floats(tokens * picks, 0.1, 1.5).iter().map(|&v| v as f32).collect();
+        let (w, xb, sb, wb) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap());
+        let out = dev.alloc(tokens * n * 4).unwrap();
+        let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
+        let row_blocks = r.range(1, n.div_ceil(4) + 1);
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(1), u(n), u(1), u(1), u(row_blocks)];
+        launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), &args).unwrap();
+        let got: Vec<f32> = out.read(tokens * n).unwrap();
+        let mut worst = 0f64;
+        for ti in 0..tokens {
+            for row in 0..n {
+                let (mut want, mut norm) = (0f64, 0f64);
+                for jp in 0..picks {
+                    let p = ti * picks + jp;
+                    let wr = &wrows[(sel[p] as usize * n + row) * k..][..k];
+                    for (a, b) in wr.iter().zip(&x[p * k..(p + 1) * k]) {
+                        want += wts[p] as f64 * *a as f64 * *b as f64;
+                        norm += (wts[p] as f64 * *a as f64 * *b as f64).abs();
+                    }
+                }
+                worst = worst.max((got[ti * n + row] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        println!("{t}: aligned matvec worst |Δ|/Σ|w·x| {worst:.2e} ({n} rows × {k}, {rb} bytes a row, {tokens} tokens × {picks} picks of {experts} experts, {row_blocks} row blocks)");
+        assert!(worst < 1e-5, "{t}: aligned matvec off by {worst}");
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}

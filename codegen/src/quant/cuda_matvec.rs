@@ -6,11 +6,15 @@
 //! whole block (two barriers a row): on the H200 that reached 15-20% of the copy
 //! bandwidth. Here each warp:
 //! 1. copies a chunk of its row (whole blocks, at most [`chunk_bytes`]) into its own
-//!    shared-memory buffer with 16-byte loads (byte loads where the chunk is not 16-byte
-//!    aligned: odd shapes of the tiny test models), so that many wide loads are in flight;
+//!    shared-memory buffer with 16-byte loads, so that many wide loads are in flight;
 //! 2. walks the chunk with the same factored runs as every other dot product
 //!    (`Lower::weight_runs`), the declaration's fields read from the staged copy;
 //! 3. sums its lanes with shuffles: no block barrier per row.
+//!
+//! The warp's chunks (row by row, pick by pick, chunk by chunk) form one sequence of
+//! jobs, and the next job's bytes are loaded into registers while the current one is
+//! computed: the memory latency hides behind the arithmetic. Rows that are not 16-byte
+//! aligned (odd shapes of the tiny test models) take a plain loop with byte copies.
 //!
 //! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes rows b·WARPS + w,
 //! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row).
@@ -47,66 +51,103 @@ impl Lower<'_> {
         let s = self.syn;
         let (bb, be) = (self.spec.block_bytes as u64, self.spec.block_elems as u64);
         let chunk = chunk_bytes(bb);
+        // 16-byte vectors per lane holding one chunk.
+        let pf = chunk.div_ceil(16 * 32);
+        let wa = MATVEC_WARPS;
         let mut o = String::new();
         let mut w = |depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
-        w(1, &format!("__shared__ __align__(16) unsigned char ds4_stage[{MATVEC_WARPS}][{chunk}];"));
-        for l in [
-            "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);",
-            "const unsigned long long warp = ds4_tid >> 5;",
-            "unsigned char* const ds4_stage_w = ds4_stage[warp];",
-            // Whether the weight buffer itself starts 16-byte aligned (device allocations
-            // are; a sub-buffer view might not be).
-            "const bool base_aligned = (((unsigned long long)ds4_w) & 15ull) == 0ull;",
-        ] {
+        let lines = [
+            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{chunk}];"),
+            "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
+            "const unsigned long long warp = ds4_tid >> 5;".into(),
+            "unsigned char* const ds4_stage_w = ds4_stage[warp];".into(),
+            format!("const unsigned long long first_row = ds4_bx * {wa}ull + warp;"),
+            format!("const unsigned long long row_step = row_blocks * {wa}ull;"),
+            format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1),
+            "const unsigned long long row_jobs = picks * n_chunks;".into(),
+            "const unsigned long long n_rows = first_row < n ? (n - first_row + row_step - 1ull) / row_step : 0ull;".into(),
+            "const unsigned long long jobs = n_rows * row_jobs;".into(),
+            // Every chunk starts 16-byte aligned when the weights and the rows do (device
+            // allocations are; chunks are multiples of 16 bytes).
+            "const bool vectors = ((((unsigned long long)ds4_w) | row_bytes) & 15ull) == 0ull;".into(),
+            "float acc = 0.0f;".into(),
+            "float part = 0.0f;".into(),
+            format!("uint4 pf[{pf}];"),
+            // The current job, counted without divisions.
+            "unsigned int j_c = 0u, j_p = 0u, j_r = 0u;".into(),
+        ];
+        for l in &lines {
             w(1, l);
         }
-        w(1, &format!("for (unsigned long long row = ds4_bx * {MATVEC_WARPS}ull + warp; row < n; row += row_blocks * {MATVEC_WARPS}ull) {{"));
+        // The job (`ri`-th row of the warp, pick `jp`, chunk `c`): its row, where its bytes
+        // start and how many there are.
+        let job = |w: &mut dyn FnMut(usize, &str), depth: usize, (ri, jp, c): (&str, &str, &str), pre: &str| {
+            for l in [
+                format!("const unsigned long long {pre}row = first_row + (unsigned long long){ri} * row_step;"),
+                format!("const unsigned long long {pre}jp = {jp};"),
+                format!("const unsigned long long {pre}c0 = (unsigned long long){c} * {chunk}ull;"),
+                format!("const unsigned long long {pre}p = ds4_by * picks + {pre}jp;"),
+                format!("const unsigned long long {pre}ex = has_sel != 0ull ? (unsigned long long)ds4_sel[{pre}p] : 0ull;"),
+                format!("const unsigned long long {pre}src = ({pre}ex * n + {pre}row) * row_bytes + {pre}c0;"),
+                format!("const unsigned int {pre}len = (unsigned int)(row_bytes - {pre}c0 < {chunk}ull ? row_bytes - {pre}c0 : {chunk}ull);"),
+            ] {
+                w(depth, &l);
+            }
+        };
+        w(1, "if (vectors && jobs > 0ull) {");
+        // Job 0's bytes into registers.
+        w(2, "{");
+        job(&mut w, 3, ("0u", "0u", "0u"), "f_");
+        w(3, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
+        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}"));
+        w(2, "}");
+        w(1, "}");
+        w(1, "for (unsigned long long jb = 0ull; jb < jobs; jb += 1ull) {");
+        job(&mut w, 2, ("j_r", "j_p", "j_c"), "");
+        w(2, "unsigned int n_c = j_c + 1u, n_p = j_p, n_r = j_r;");
+        w(2, "if (n_c == n_chunks) { n_c = 0u; n_p += 1u; if (n_p == (unsigned int)picks) { n_p = 0u; n_r += 1u; } }");
+        w(2, "if (vectors) {");
+        w(3, "uint4* d4 = (uint4*)ds4_stage_w;");
+        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) d4[i] = pf[q]; }}"));
+        w(3, "__syncwarp();");
+        // The next job's loads go out before this one's arithmetic.
+        w(3, "if (jb + 1ull < jobs) {");
+        job(&mut w, 4, ("n_r", "n_p", "n_c"), "f_");
+        w(4, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
+        w(4, &format!("#pragma unroll\n                for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}"));
+        w(3, "}");
+        w(2, "} else {");
+        w(3, "for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];");
+        w(3, "__syncwarp();");
+        w(2, "}");
+        // The chunk's elements: whole blocks, the first at element c0 / bb · be.
         for l in [
-            "float acc = 0.0f;",
-            "for (unsigned long long jp = 0ull; jp < picks; jp += 1ull) {",
-            "    const unsigned long long p = ds4_by * picks + jp;",
-            "    const unsigned long long ex = has_sel != 0ull ? (unsigned long long)ds4_sel[p] : 0ull;",
-            "    const float sc = has_wts != 0ull ? ds4_wts[p] : 1.0f;",
-            "    const unsigned long long row_base = (ex * n + row) * row_bytes;",
-            // 32-bit divisions (a 64-bit one is a long software routine, here per row).
-            "    const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;",
-            "    float part = 0.0f;",
+            // 32-bit divisions (a 64-bit one is a long software routine).
+            "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
+            format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
+            format!("const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
         ] {
-            w(2, l);
-        }
-        w(3, &format!("for (unsigned long long c0 = 0ull; c0 < row_bytes; c0 += {chunk}ull) {{"));
-        for l in [
-            &format!("const unsigned long long len = row_bytes - c0 < {chunk}ull ? row_bytes - c0 : {chunk}ull;"),
-            "const unsigned long long src = row_base + c0;",
-            "if (base_aligned && ((src | len) & 15ull) == 0ull) {",
-            "    const uint4* __restrict__ s4 = (const uint4*)(ds4_w + src);",
-            "    uint4* d4 = (uint4*)ds4_stage_w;",
-            "    #pragma unroll 4",
-            "    for (unsigned int i = lane; i < (unsigned int)(len >> 4); i += 32u) d4[i] = s4[i];",
-            "} else {",
-            "    for (unsigned int i = lane; i < (unsigned int)len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];",
-            "}",
-            "__syncwarp();",
-            // The chunk's elements: whole blocks, the first at element c0 / bb · be.
-            &format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
-            &format!("const unsigned long long cn = (len / {bb}ull) * {be}ull;"),
-        ] {
-            w(4, l);
+            w(2, &l);
         }
         let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
         let staged = Lower { wbuf: "ds4_stage_w", ..*self };
         for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
-            w(4 + d, &l);
+            w(2 + d, &l);
         }
-        // The next chunk overwrites the buffer only after every lane has read this one.
-        w(4, "__syncwarp();");
+        // The buffer is rewritten only after every lane has read it.
+        w(2, "__syncwarp();");
+        w(2, "if (c0 + len == row_bytes) {");
+        w(3, "acc = acc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part;");
+        w(3, "part = 0.0f;");
+        w(3, "if (jp + 1ull == picks) {");
+        w(4, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
+        w(4, &format!("if (lane == 0u) {{ {}[ds4_by * n + row] = acc; }}", s.buffer("out")));
+        w(4, "acc = 0.0f;");
         w(3, "}");
-        w(3, "acc = acc + sc * part;");
         w(2, "}");
-        w(2, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
-        w(2, &format!("if (lane == 0u) {{ {}[ds4_by * n + row] = acc; }}", s.buffer("out")));
+        w(2, "j_c = n_c; j_p = n_p; j_r = n_r;");
         w(1, "}");
         Ok(o)
     }
