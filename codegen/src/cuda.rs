@@ -128,8 +128,12 @@ impl Dialect for Cuda {
         format!("for (usize {var} = {start}; {var} < {end}; {var}++)")
     }
 
-    fn thread_loop_header(&self, var: &str, start: &str, end: &str) -> Option<String> {
-        Some(format!("for (usize {var} = {start} + threadIdx.x; {var} < {end}; {var} += blockDim.x)"))
+    fn thread_loop_header(&self, var: &str, start: &str, end: &str, split: bool) -> Option<String> {
+        Some(if split {
+            format!("for (usize {var} = {start} + threadIdx.x + (usize)blockIdx.y * blockDim.x; {var} < {end}; {var} += (usize)blockDim.x * gridDim.y)")
+        } else {
+            format!("for (usize {var} = {start} + threadIdx.x; {var} < {end}; {var} += blockDim.x)")
+        })
     }
 
     fn barrier(&self) -> String {

@@ -96,6 +96,15 @@ pub fn block_threads(kernel: &Kernel, target: Target) -> u32 {
     }
 }
 
+/// Whether `kernel` may be launched with several blocks per item on `target` (grid
+/// `[items, splits, 1]`, see [`render::splits_items`]); elsewhere the grid's y is 1.
+pub fn splits_items(kernel: &Kernel, target: Target) -> bool {
+    match target {
+        Target::CudaSm90 | Target::CudaSm120 => render::splits_items(&cuda::Cuda { sm: 90 }, kernel),
+        _ => false,
+    }
+}
+
 pub fn render(kernel: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => render::render_kernel(&cpu::Cpu, kernel),

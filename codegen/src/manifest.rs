@@ -174,7 +174,11 @@ fn op_launch(k: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => "{\"items\": \"rayon over output rows\"}".into(),
         // A block per item: its threads share the `'par`/`'sum` loops, or one thread.
-        Target::CudaSm90 | Target::CudaSm120 => format!("{{\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1]}}", crate::block_threads(k, target)),
+        // Several blocks per item (splits along y) where the kernel allows it.
+        Target::CudaSm90 | Target::CudaSm120 => {
+            let y = if crate::splits_items(k, target) { "splits" } else { "1" };
+            format!("{{\"grid\": \"[items, {y}, 1]\", \"block\": [{}, 1, 1]}}", crate::block_threads(k, target))
+        }
         Target::Wgsl => format!("{{\"workgroups\": \"[ceil(items / {0}), 1, 1]\", \"workgroup_size\": [{0}, 1, 1]}}", crate::wgsl::WORKGROUP_SIZE),
         Target::Metal => "{\"threads\": \"[items, 1, 1]\"}".into(),
     }

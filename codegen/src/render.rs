@@ -96,8 +96,9 @@ pub trait Dialect {
 
     /// Targets that spread `'par`/`'sum` loops over a block's threads override these
     /// three; the others run every loop serially (one thread per item).
-    /// A loop over `start..end` strided by the block's threads, up to the brace.
-    fn thread_loop_header(&self, _var: &str, _start: &str, _end: &str) -> Option<String> {
+    /// A loop over `start..end` strided by the block's threads, up to the brace;
+    /// `split`: also strided over the blocks along y (see [`splits_items`]).
+    fn thread_loop_header(&self, _var: &str, _start: &str, _end: &str, _split: bool) -> Option<String> {
         None
     }
     /// A block-wide barrier statement.
@@ -129,13 +130,54 @@ pub fn runs_parallel(d: &dyn Dialect, k: &Kernel) -> bool {
         })
     }
     let mut any_par = false;
-    d.thread_loop_header("i", "0", "1").is_some() && scan(&k.body, false, &mut any_par) && any_par
+    d.thread_loop_header("i", "0", "1", false).is_some() && scan(&k.body, false, &mut any_par) && any_par
 }
+
+/// Whether `d` may spread one item of `k` over several blocks (along y): it runs in
+/// parallel, its one `'par` loop is all the item's work (no `'sum`, so no block-wide
+/// value; no second loop, so no barrier between loops that blocks could not share), and
+/// it never reads its output (so no iteration depends on another's store).
+/// A decode step has one item per token: this gives its big element-wise ops (the
+/// hyper-connection expansions, the compressor pooling) more than one block.
+pub fn splits_items(d: &dyn Dialect, k: &Kernel) -> bool {
+    runs_parallel(d, k) && !k.has_sum_loop() && par_loops(&k.body) == 1 && !reads_output(k)
+}
+
+/// `'par`/`'sum` loops in `stmts`, nested ones included.
+fn par_loops(stmts: &[Stmt]) -> usize {
+    stmts
+        .iter()
+        .map(|st| match st {
+            Stmt::For { body, mode, .. } => (*mode != LoopMode::Serial) as usize + par_loops(body),
+            Stmt::While { body, .. } => par_loops(body),
+            Stmt::If { then, otherwise, .. } => par_loops(then) + par_loops(otherwise),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Whether `k` loads from its output buffer, or updates it in place (`out[i] += ..`).
+fn reads_output(k: &Kernel) -> bool {
+    fn updates(stmts: &[Stmt], out: &str) -> bool {
+        stmts.iter().any(|st| match st {
+            Stmt::Store { buf, op, .. } => buf == out && op.is_some(),
+            Stmt::For { body, .. } | Stmt::While { body, .. } => updates(body, out),
+            Stmt::If { then, otherwise, .. } => updates(then, out) || updates(otherwise, out),
+            _ => false,
+        })
+    }
+    let out = k.out().0;
+    let mut loads = false;
+    ds4_ir::kir::walk_exprs(&k.body, &mut |e| loads |= matches!(e, Expr::Index { buf, .. } if buf == out));
+    loads || updates(&k.body, out)
+}
+
 
 /// Renders `k` in dialect `d`.
 pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
     let parallel = runs_parallel(d, k);
-    let r = Renderer { d, k, parallel, in_par: Cell::new(false), rename: RefCell::new(HashMap::new()) };
+    let split = splits_items(d, k);
+    let r = Renderer { d, k, parallel, split, in_par: Cell::new(false), rename: RefCell::new(HashMap::new()) };
     let mut s = d.prelude(k);
     for h in &k.helpers {
         let _ = writeln!(s, "{} {{", d.helper_signature(h));
@@ -154,6 +196,8 @@ struct Renderer<'a> {
     k: &'a Kernel,
     /// The kernel runs a block of threads per item (see [`runs_parallel`]).
     parallel: bool,
+    /// Its parallel loop is also strided over blocks along y (see [`splits_items`]).
+    split: bool,
     /// Inside a parallel loop: nested ones run serially in their thread.
     in_par: Cell<bool>,
     /// Locals spelled differently inside a `'sum` loop (the accumulator → its partial).
@@ -229,7 +273,7 @@ impl Renderer<'_> {
             Stmt::For { var, start, end, body, mode } => {
                 let (v, a, b) = (self.name(var), self.expr(start).text, self.expr(end).text);
                 if self.parallel && *mode != LoopMode::Serial && !self.in_par.get() {
-                    let header = d.thread_loop_header(&v, &a, &b).expect("runs_parallel checked the target");
+                    let header = d.thread_loop_header(&v, &a, &b, self.split).expect("runs_parallel checked the target");
                     self.thread_loop(s, &header, body, mode, depth);
                     return;
                 }

@@ -32,6 +32,8 @@ pub struct Loaded {
     pub params: Vec<(String, ParamSig)>,
     /// Threads per block the kernel is written for.
     pub threads: u32,
+    /// An item may be spread over several blocks along y (`ds4_codegen::splits_items`).
+    pub splits_items: bool,
 }
 
 /// Every compiled kernel, by entry-point name.
@@ -81,6 +83,7 @@ struct Unit {
     source: String,
     params: Vec<(String, ParamSig)>,
     threads: u32,
+    splits_items: bool,
 }
 
 impl Kernels {
@@ -90,7 +93,13 @@ impl Kernels {
         let mut units = Vec::new();
         for k in ds4_ir::kernels::all() {
             if set.ops.contains_key(&k.name) {
-                units.push(Unit { name: k.name.clone(), source: ds4_codegen::render(&k, target), params: op_params(&k), threads: ds4_codegen::block_threads(&k, target) });
+                units.push(Unit {
+                    name: k.name.clone(),
+                    source: ds4_codegen::render(&k, target),
+                    params: op_params(&k),
+                    threads: ds4_codegen::block_threads(&k, target),
+                    splits_items: ds4_codegen::splits_items(&k, target),
+                });
             }
         }
         for &(kind, t) in set.quant.keys() {
@@ -118,7 +127,7 @@ impl Kernels {
         for (u, p) in units.into_iter().zip(ptx) {
             let module = dev.ctx.load_module(p?)?;
             let func = module.load_function(&u.name)?;
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads });
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items });
         }
         Ok(Kernels { by_name, target })
     }
@@ -131,5 +140,5 @@ impl Kernels {
 fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
-    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads })
+    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false })
 }

@@ -77,9 +77,22 @@ impl GpuExecutor<'_> {
         if n_out > 0 && out_len > 0 {
             let mut all = vec![("out", Arg::Ptr(out.ptr))];
             all.extend_from_slice(named);
-            self.call(name, ((n_out / out_len) as u32, 1), &all)?;
+            let items = n_out / out_len;
+            self.call(name, (items as u32, self.item_splits(name, items, out_len)? as u32), &all)?;
         }
         Ok(GVal::F(Rc::new(out), n_out))
+    }
+
+    /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
+    /// (a decode step) and the kernel allows it, enough to give the SMs two blocks
+    /// each, and each thread at least 4 elements.
+    fn item_splits(&self, name: &str, items: usize, out_len: usize) -> Result<usize, ExecError> {
+        let k = self.kernels.get(name)?;
+        if !k.splits_items || items >= self.dev.sms {
+            return Ok(1);
+        }
+        let by_work = out_len.div_ceil(4 * k.threads as usize);
+        Ok(by_work.min((2 * self.dev.sms).div_ceil(items)).max(1))
     }
 
     /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
