@@ -2,8 +2,8 @@
 //!
 //! Same contract as the SIMT `matmul_<type>` (see `QuantKernelKind::MatMul`), with tiles
 //! of [`MMA_ROWS`] weight rows × [`MMA_TOKENS`] tokens per block of 4 warps. Each step of
-//! 32 columns, the block stages its 64 × 32 weight tile and the tokens' 64 × 32 x tile in
-//! shared memory, then each warp multiplies its 32 × 32 quarter with
+//! `KS` (64) columns, the block stages its 64 × 64 weight tile and the tokens' 64 × 64 x
+//! tile in shared memory, then each warp multiplies its 32 × 32 quarter with
 //! `mma.sync.m16n8k8` on TF32. TF32 keeps 11 significant bits, so x is split in two TF32
 //! numbers (`big = tf32(v)`, `small = tf32(v − big)`, 21 of f32's 24 bits) as each warp
 //! reads its fragments (splitting when staging would double the x tile's shared memory,
@@ -38,7 +38,14 @@ pub const MMA_TOKENS: u64 = 64;
 /// Shared memory, at most: the weight and x tiles (64 × 36 words each, padded against bank
 /// conflicts), per row and sub-block a scale and an offset, per token and 8 columns a sum
 /// of x, and the tokens' x offsets and output rows.
-pub const MMA_SHARED_BYTES: u32 = 2 * 64 * 36 * 4 + 2 * 64 * 4 * 4 + 64 * 4 * 4 + 64 * 8 + 64 * 8;
+pub const MMA_SHARED_BYTES: u32 = 2 * 64 * (KS as u32 + 4) * 4 + 2 * 64 * 8 * 4 + 64 * 8 * 4 + 64 * 8 + 64 * 8;
+
+/// Columns per step: each thread de-quantizes KS / 2 weights and stages KS / 2 x values
+/// per step, so that more loads are in flight per barrier.
+const KS: u64 = 64;
+/// Shared-memory row stride of the tiles (KS + 4 words: a warp's fragment loads hit 32
+/// different banks).
+const LD: u64 = KS + 4;
 
 /// Helpers placed before the kernel: the TF32 split and one MMA.
 const MMA_HELPERS: &str = r#"// v = big + small, both TF32 (round to nearest): 21 of f32's 24 bits survive.
@@ -84,17 +91,17 @@ impl Lower<'_> {
         }
         let (scaled, offset) = (!f.scale.is_empty(), f.offset.is_some());
         if !scaled && !offset {
-            return Form::Factored { groups: 1, len: 32, scaled, offset };
+            return Form::Factored { groups: 1, len: KS, scaled, offset };
         }
-        // A scale group must be whole MMA steps (8 columns) inside a step of 32, and a
-        // thread's 16 columns whole runs of the in-sub-block walk.
+        // A scale group must be whole MMA steps (8 columns) inside a step, and a thread's
+        // KS / 2 columns whole runs of the in-sub-block walk.
         let sb = self.spec.sub_block as u64;
-        let runs_fit = self.sub_run().is_some_and(|r| 16 % r == 0);
-        if sb < 8 || !(32 % sb == 0 || sb % 32 == 0) || !runs_fit {
+        let runs_fit = self.sub_run().is_some_and(|r| (KS / 2) % r == 0);
+        if sb < 8 || !(KS % sb == 0 || sb % KS == 0) || !runs_fit {
             return Form::Split;
         }
-        let len = sb.min(32);
-        Form::Factored { groups: 32 / len, len, scaled, offset }
+        let len = sb.min(KS);
+        Form::Factored { groups: KS / len, len, scaled, offset }
     }
 
     pub(super) fn mma_body(&self) -> Result<String, QuantGenError> {
@@ -109,11 +116,11 @@ impl Lower<'_> {
         };
         // Tile bookkeeping: which tokens (x offsets, output rows) this block serves.
         for l in [
-            "__shared__ unsigned int ws[64 * 36];",
-            "__shared__ float xs[64 * 36];",
+            &format!("__shared__ unsigned int ws[64 * {LD}];"),
+            &format!("__shared__ float xs[64 * {LD}];"),
             &format!("__shared__ float scs[64 * {g_count}];"),
             &format!("__shared__ float ofs[64 * {g_count}];"),
-            "__shared__ float xs8[64 * 4];",
+            &format!("__shared__ float xs8[64 * {}];", KS / 8),
             "__shared__ unsigned long long xrow[64];",
             "__shared__ long long prow[64];",
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);",
@@ -141,17 +148,17 @@ impl Lower<'_> {
             "for (int i = 0; i < 2; i++) for (int j = 0; j < 4; j++) for (int q = 0; q < 4; q++) c[i][j][q] = 0.0f;",
             // Each thread stages 16 weights of one row and 16 x values of one token per step.
             "const unsigned long long trow = ds4_tid >> 1;",
-            "const unsigned long long half = (ds4_tid & 1ull) * 16ull;",
+            &format!("const unsigned long long half = (ds4_tid & 1ull) * {}ull;", KS / 2),
             "const unsigned long long wrow = r0 + trow;",
             "const unsigned long long row_base = (ex * n + (wrow < n ? wrow : 0ull)) * row_bytes;",
             "const bool tok_ok = prow[trow] >= 0;",
             "const unsigned long long tok_x = xrow[trow];",
-            "for (unsigned long long k0 = 0ull; k0 < k; k0 += 32ull) {",
+            &format!("for (unsigned long long k0 = 0ull; k0 < k; k0 += {KS}ull) {{"),
         ] {
             w(&mut o, 1, l);
         }
         w(&mut o, 2, "const unsigned long long e0 = k0 + half;");
-        w(&mut o, 2, "unsigned int* wdst = &ws[trow * 36ull + half];");
+        w(&mut o, 2, &format!("unsigned int* wdst = &ws[trow * {LD}ull + half];"));
         w(&mut o, 2, "if (wrow < n) {");
         match form {
             Form::Factored { groups, len, .. } => {
@@ -167,43 +174,44 @@ impl Lower<'_> {
                     }
                     t
                 };
-                for (d, l) in self.factored_runs(&f, 16, &store, &scale)? {
+                for (d, l) in self.factored_runs(&f, KS / 2, &store, &scale)? {
                     w(&mut o, 3 + d, &l);
                 }
             }
             Form::Split => {
                 let store = |i: u64, v: &str| format!("wdst[{i}] = __float_as_uint({v});");
-                for (d, l) in self.value_runs(16, &store)? {
+                for (d, l) in self.value_runs(KS / 2, &store)? {
                     w(&mut o, 3 + d, &l);
                 }
             }
         }
         w(&mut o, 2, "} else {");
-        w(&mut o, 3, "for (int i = 0; i < 16; i++) wdst[i] = 0u;");
+        w(&mut o, 3, &format!("for (int i = 0; i < {}; i++) wdst[i] = 0u;", KS / 2));
         // Rows past n: zero scales and offsets too (0 · e, never 0 · garbage).
         w(&mut o, 3, &format!("for (int i = 0; i < {g_count}; i++) {{ scs[trow * {g_count}ull + i] = 0.0f; ofs[trow * {g_count}ull + i] = 0.0f; }}"));
         w(&mut o, 2, "}");
+        let hk = KS / 2;
         for l in [
             // x, and its sums per 8 columns (the offsets' Σ x).
-            "float xv[16];",
-            "if (tok_ok && e0 + 16ull <= k && (k & 3ull) == 0ull) {",
-            "    const float4* src = (const float4*)(&ds4_x[tok_x + e0]);",
-            "    for (int q = 0; q < 4; q++) {",
-            "        const float4 v = src[q];",
-            "        xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;",
-            "    }",
-            "} else {",
-            "    for (unsigned long long i = 0ull; i < 16ull; i++) xv[i] = (tok_ok && e0 + i < k) ? ds4_x[tok_x + e0 + i] : 0.0f;",
-            "}",
-            "for (int i = 0; i < 16; i++) xs[trow * 36ull + half + i] = xv[i];",
-            "for (int h = 0; h < 2; h++) {",
-            "    float sx = 0.0f;",
-            "    for (int i = 0; i < 8; i++) sx += xv[8 * h + i];",
-            "    xs8[trow * 4ull + half / 8ull + h] = sx;",
-            "}",
-            "__syncthreads();",
+            format!("float xv[{hk}];"),
+            format!("if (tok_ok && e0 + {hk}ull <= k && (k & 3ull) == 0ull) {{"),
+            "    const float4* src = (const float4*)(&ds4_x[tok_x + e0]);".into(),
+            format!("    for (int q = 0; q < {}; q++) {{", hk / 4),
+            "        const float4 v = src[q];".into(),
+            "        xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;".into(),
+            "    }".into(),
+            "} else {".into(),
+            format!("    for (unsigned long long i = 0ull; i < {hk}ull; i++) xv[i] = (tok_ok && e0 + i < k) ? ds4_x[tok_x + e0 + i] : 0.0f;"),
+            "}".into(),
+            format!("for (int i = 0; i < {hk}; i++) xs[trow * {LD}ull + half + i] = xv[i];"),
+            format!("for (int h = 0; h < {}; h++) {{", hk / 8),
+            "    float sx = 0.0f;".into(),
+            "    for (int i = 0; i < 8; i++) sx += xv[8 * h + i];".into(),
+            format!("    xs8[trow * {}ull + half / 8ull + h] = sx;", KS / 8),
+            "}".into(),
+            "__syncthreads();".into(),
         ] {
-            w(&mut o, 2, l);
+            w(&mut o, 2, &l);
         }
         match form {
             Form::Factored { groups, len, scaled, offset } => {
@@ -219,11 +227,11 @@ impl Lower<'_> {
                         &format!("for (int kk = {}; kk < {}; kk += 8) {{", gi * len, (gi + 1) * len),
                         "    unsigned int a[2][4], bb[4][2], bs[4][2];",
                         "    for (int i = 0; i < 2; i++) {",
-                        "        const unsigned int* ap = &ws[(wm * 32u + i * 16u + g) * 36u + kk + t4];",
-                        "        a[i][0] = ap[0]; a[i][1] = ap[8 * 36]; a[i][2] = ap[4]; a[i][3] = ap[8 * 36 + 4];",
+                        &format!("        const unsigned int* ap = &ws[(wm * 32u + i * 16u + g) * {LD}u + kk + t4];"),
+                        &format!("        a[i][0] = ap[0]; a[i][1] = ap[8 * {LD}]; a[i][2] = ap[4]; a[i][3] = ap[8 * {LD} + 4];"),
                         "    }",
                         "    for (int j = 0; j < 4; j++) {",
-                        "        const float* b = &xs[(wn * 32u + j * 8u + g) * 36u + kk + t4];",
+                        &format!("        const float* b = &xs[(wn * 32u + j * 8u + g) * {LD}u + kk + t4];"),
                         "        ds4_split_tf32(b[0], bb[j][0], bs[j][0]);",
                         "        ds4_split_tf32(b[4], bb[j][1], bs[j][1]);",
                         "    }",
@@ -239,7 +247,7 @@ impl Lower<'_> {
                     }
                     if !direct {
                         // c += scale(row) · t (+ offset(row) · Σ x(token) over the group).
-                        let xsum: Vec<String> = (gi * len / 8..(gi + 1) * len / 8).map(|c| format!("xs8[tt * 4u + {c}u]")).collect();
+                        let xsum: Vec<String> = (gi * len / 8..(gi + 1) * len / 8).map(|c| format!("xs8[tt * {}u + {c}u]", KS / 8)).collect();
                         for l in [
                             "for (int i = 0; i < 2; i++) {",
                             "    for (int j = 0; j < 4; j++) {",
@@ -266,17 +274,17 @@ impl Lower<'_> {
             }
             Form::Split => {
                 for l in [
-                    "for (int kk = 0; kk < 32; kk += 8) {",
+                    &format!("for (int kk = 0; kk < {KS}; kk += 8) {{"),
                     "    unsigned int ab[2][4], as_[2][4], bb[4][2], bs[4][2];",
                     "    for (int i = 0; i < 2; i++) {",
-                    "        const float* ap = (const float*)&ws[(wm * 32u + i * 16u + g) * 36u + kk + t4];",
+                    &format!("        const float* ap = (const float*)&ws[(wm * 32u + i * 16u + g) * {LD}u + kk + t4];"),
                     "        ds4_split_tf32(ap[0], ab[i][0], as_[i][0]);",
-                    "        ds4_split_tf32(ap[8 * 36], ab[i][1], as_[i][1]);",
+                    &format!("        ds4_split_tf32(ap[8 * {LD}], ab[i][1], as_[i][1]);"),
                     "        ds4_split_tf32(ap[4], ab[i][2], as_[i][2]);",
-                    "        ds4_split_tf32(ap[8 * 36 + 4], ab[i][3], as_[i][3]);",
+                    &format!("        ds4_split_tf32(ap[8 * {LD} + 4], ab[i][3], as_[i][3]);"),
                     "    }",
                     "    for (int j = 0; j < 4; j++) {",
-                    "        const float* b = &xs[(wn * 32u + j * 8u + g) * 36u + kk + t4];",
+                    &format!("        const float* b = &xs[(wn * 32u + j * 8u + g) * {LD}u + kk + t4];"),
                     "        ds4_split_tf32(b[0], bb[j][0], bs[j][0]);",
                     "        ds4_split_tf32(b[4], bb[j][1], bs[j][1]);",
                     "    }",

@@ -306,9 +306,16 @@ impl Lower<'_> {
                 }
             }
             Shape::InSub { run } => {
+                // A run lies wholly inside the row or wholly past its end (runs divide
+                // blocks, rows are whole blocks); past the end it stores zeros.
                 for q in 0..count / run {
                     out.push((0, "{".into()));
                     out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
+                    out.push((1, "if (ea >= k) {".into()));
+                    for jj in 0..run {
+                        out.push((2, store(q * run + jj, &self.f32_const(0.0))));
+                    }
+                    out.push((1, "} else {".into()));
                     out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
                     out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
                     if run != self.spec.sub_block as u64 {
@@ -328,6 +335,7 @@ impl Lower<'_> {
                         out.push((2, store(q * run + jj, "wv")));
                         out.push((1, "}".into()));
                     }
+                    out.push((1, "}".into()));
                     out.push((0, "}".into()));
                 }
             }
@@ -407,9 +415,18 @@ impl Lower<'_> {
                     Some((neg, o)) => Some(if neg { format!("(-{})", self.expr(o)?) } else { self.expr(o)? }),
                     None => None,
                 };
+                // As in `value_runs`: a run past the row's end stores zeros (scale and
+                // offset too, so that nothing multiplies a stale value).
+                let zero = self.f32_const(0.0);
                 for q in 0..count / run {
                     out.push((0, "{".into()));
                     out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
+                    out.push((1, "if (ea >= k) {".into()));
+                    out.push((2, scale(q * run, &zero, offset.as_ref().map(|_| zero.as_str()))));
+                    for jj in 0..run {
+                        out.push((2, store(q * run + jj, &zero)));
+                    }
+                    out.push((1, "} else {".into()));
                     out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
                     out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
                     if run != self.spec.sub_block as u64 {
@@ -430,6 +447,7 @@ impl Lower<'_> {
                         out.push((2, store(q * run + jj, "ev")));
                         out.push((1, "}".into()));
                     }
+                    out.push((1, "}".into()));
                     out.push((0, "}".into()));
                 }
             }
