@@ -376,8 +376,12 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: kind.shared_bytes(), source: src });
     }
     if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
-        // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
-        src.push_str(&syn.kernel_open(&name, &params, 0));
+        // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`), compiled
+        // for MIN_BLOCKS resident blocks (a register budget).
+        let open = syn.kernel_open(&name, &params, 0);
+        let bounds = format!("__launch_bounds__({THREADS})");
+        debug_assert!(open.contains(&bounds));
+        src.push_str(&open.replacen(&bounds, &format!("__launch_bounds__({THREADS}, {})", cuda_matvec::MIN_BLOCKS), 1));
         stage(&mut src);
         src.push_str(&lower.staged_matvec_body()?);
         src.push_str("}\n");
