@@ -96,7 +96,10 @@ impl Lower<'_> {
                 format!("const unsigned long long {pre}jp = {jp};"),
                 format!("const unsigned long long {pre}c0 = (unsigned long long){c} * {chunk}ull;"),
                 format!("const unsigned long long {pre}p = ds4_by * picks + {pre}jp;"),
-                format!("const unsigned long long {pre}ex = has_sel != 0ull ? (unsigned long long)ds4_sel[{pre}p] : 0ull;"),
+                // A negative pick (top-k found fewer candidates than picks) adds nothing; its
+                // job reads expert 0's row, a valid address, and is not summed.
+                format!("const int {pre}pick = has_sel != 0ull ? ds4_sel[{pre}p] : 0;"),
+                format!("const unsigned long long {pre}ex = {pre}pick >= 0 ? (unsigned long long){pre}pick : 0ull;"),
                 format!("const unsigned long long {pre}src = ({pre}ex * n + {pre}row) * row_bytes + {pre}c0;"),
                 format!("const unsigned int {pre}len = (unsigned int)(row_bytes - {pre}c0 < {chunk}ull ? row_bytes - {pre}c0 : {chunk}ull);"),
             ] {
@@ -146,7 +149,7 @@ impl Lower<'_> {
         // The buffer is rewritten only after every lane has read it.
         w(2, "__syncwarp();");
         w(2, "if (c0 + len == row_bytes) {");
-        w(3, "acc = acc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part;");
+        w(3, "if (pick >= 0) { acc = acc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }");
         w(3, "part = 0.0f;");
         w(3, "if (jp + 1ull == picks) {");
         w(4, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
