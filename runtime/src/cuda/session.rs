@@ -4,6 +4,7 @@
 
 use super::compile::Kernels;
 use super::device::{CudaError, Device, DeviceBuf};
+use super::device_log::DeviceLog;
 use super::exec::GpuExecutor;
 use super::placement::{DeviceWeights, Placement};
 use crate::session::{Model, ModelError, SessionOptions};
@@ -65,7 +66,7 @@ pub struct CudaSession<'m> {
     graph: Cow<'m, Graph>,
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
-    state: SessionState<f32>,
+    state: SessionState<DeviceLog>,
     pos: usize,
     opts: SessionOptions,
 }
@@ -98,7 +99,7 @@ impl<'m> CudaSession<'m> {
         &self.opts
     }
 
-    /// Bytes of per-session state (kept on the host for now).
+    /// Bytes of per-session state (device memory held by the logs).
     pub fn state_bytes(&self) -> usize {
         self.state.bytes()
     }
