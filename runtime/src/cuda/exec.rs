@@ -1,7 +1,9 @@
 //! The graph executor on the GPU: `crate::exec` with device buffers. Same node order,
 //! same shapes, same kernels (the generated CUDA of the same kernel bodies), same errors.
 //! The stateful ops' logs live on the device (`DeviceLog`, with `crate::slot_ops`'s
-//! bookkeeping): a batch's rows join them by device copies and are handed on as views.
+//! bookkeeping), token ids are checked from the host's copy, and the expert ids of a
+//! decode step need no check (`expert_ids.rs`): the only read back is the outputs (and,
+//! in prefill, each MoE layer's picks, to group the tokens by expert).
 
 use super::compile::{Kernels, ParamSig};
 use super::profile;
@@ -177,7 +179,13 @@ impl GpuExecutor<'_> {
                 }
             };
             let iv = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(is(i)?.ptr())) };
-            let host_i = |i: usize| -> Result<Vec<i32>, ExecError> { Ok(is(i)?.read::<i32>()?) };
+            // Token ids are checked on the host's copy, the graph input (no read back).
+            let graph_ids = |i: usize| -> Result<&[i32], ExecError> {
+                match &g.node(ins[i]).op {
+                    Op::Input { name, .. } if name == "ids" => Ok(ids),
+                    _ => Err(ExecError::Internal(format!("{label}: token ids must be the graph's ids input"))),
+                }
+            };
             let w = |i: usize| -> Result<&DeviceTensor, ExecError> {
                 match vals.get(&ins[i].index()) {
                     Some(GVal::W(name)) => Ok(self.weights.tensor(name)?),
@@ -207,7 +215,7 @@ impl GpuExecutor<'_> {
                 },
                 Op::Weight { name, .. } => GVal::W(name.clone()),
                 Op::Embed => {
-                    let host_ids = host_i(0)?;
+                    let host_ids = graph_ids(0)?;
                     let table = w(1)?;
                     let (d, vocab) = (shape[1], table.ne[1] as usize);
                     if let Some(bad) = host_ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
@@ -245,15 +253,16 @@ impl GpuExecutor<'_> {
                     let (gate, up, down) = (w(3)?, w(4)?, w(5)?);
                     let (d, k, t) = (last(0), last(1), rows(0));
                     let (ff, n_exp) = (gate.ne[1] as usize, gate.ne[2] as usize);
-                    let sel_host = host_i(1)?;
-                    if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
-                        return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
-                    }
                     // Prefill: the (token, pick) rows grouped by expert, TOKENS to a group,
                     // so that each de-quantized expert weight serves its group (the tiled
-                    // matmul over row lists). Decode: a mat-vec per (token, pick) over the
-                    // picked expert's rows.
+                    // matmul over row lists): the picks are read back (checked, as on the
+                    // CPU). Decode: a mat-vec per (token, pick) over the picked expert's
+                    // rows, with no read (see expert_ids.rs).
                     let groups = if t > 1 {
+                        let sel_host: Vec<i32> = is(1)?.read()?;
+                        if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
+                            return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
+                        }
                         let (idx, gexp) = expert_groups(&sel_host, n_exp, MMA_TOKENS);
                         Some((self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len()))
                     } else {
@@ -369,7 +378,7 @@ impl GpuExecutor<'_> {
                 Op::RouterHash { k } => {
                     let table = w(1)?;
                     let vocab = table.bytes / 4 / k;
-                    if let Some(bad) = host_i(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                    if let Some(bad) = graph_ids(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
                         return Err(ExecError::Input(format!("token id {bad} is outside the hash table (size {vocab})")));
                     }
                     let GVal::F(s) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };

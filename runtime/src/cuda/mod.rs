@@ -10,6 +10,7 @@
 //! - `exec.rs`: the graph executor, `crate::exec`'s semantics on device buffers;
 //! - `device_log.rs`: the stateful ops' logs in device memory (`crate::grow_log` over
 //!   device buffers; the bookkeeping is `crate::slot_ops`, shared with the CPU);
+//! - `expert_ids.rs`: the load-time check that lets a decode step skip reading expert ids;
 //! - `profile.rs`: `DS4_PROFILE=1`, device time per op kind;
 //! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
 //! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI.
@@ -21,6 +22,7 @@ mod compile;
 mod device;
 mod device_log;
 mod exec;
+mod expert_ids;
 pub mod kernel_bench;
 mod placement;
 pub mod profile;
