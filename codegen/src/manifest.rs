@@ -45,7 +45,8 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         Op::SwiGlu { .. } => &["swiglu"],
         // Prefill runs the experts grouped by expert, per (token, pick), then adds picks up.
         Op::MoeExperts { .. } => &["swiglu", "moe_combine"],
-        Op::CompressPool { .. } => &["compress_pool"],
+        // The new rows' slots gathered from the compressor's logs, then pooled.
+        Op::CompressPool { .. } => &["compress_gather", "compress_pool"],
         // One item per (token, head), then per token.
         Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
         // The row list in chunks (more of them when there are few items), then a merge.

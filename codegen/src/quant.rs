@@ -8,8 +8,9 @@
 //!   de-quantized (the embedding lookup);
 //! - `matvec_<type>`: a gathered mat-vec. Block (r, t) computes
 //!   `out[t·n + r] = Σ_{jp < picks} sc · W[e·n + r] · x[((p / x_div)·groups + r / ng)·k ..]`
-//!   with `p = t·picks + jp`, `e = sel[p]` (or 0) and `sc = wts[p]` (or 1). One kernel covers
-//!   the plain matmul, the grouped matmul and both halves of the routed experts.
+//!   with `p = t·picks + jp`, `e = sel[p]` (or 0; a negative pick adds nothing) and
+//!   `sc = wts[p]` (or 1). One kernel covers the plain matmul, the grouped matmul and both
+//!   halves of the routed experts.
 //!
 //! Every value of the expression language lives in a 32-bit *word* (u32 for unsigned
 //! types and f16 bits, i32 for signed ones; u64 where a target has it), and narrow results
@@ -745,21 +746,26 @@ impl Lower<'_> {
                 line(2, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
                 line(2, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
                 line(3, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
-                line(3, s.decl("ex", Word::Idx, true, &self.idx(0)));
+                line(3, s.decl("pick", Word::I32, true, &s.int_lit(Word::I32, 0)));
                 line(3, format!("if (has_sel != {}) {{", self.idx(0)));
-                line(4, format!("ex = {};", s.cast(Word::Idx, &format!("{}[p]", b("sel")))));
+                line(4, format!("pick = {}[p];", b("sel")));
                 line(3, "}".into());
-                line(3, s.decl("sc", Word::F32, true, &self.f32_const(1.0)));
-                line(3, format!("if (has_wts != {}) {{", self.idx(0)));
-                line(4, format!("sc = {}[p];", b("wts")));
-                line(3, "}".into());
-                line(3, s.decl("row_base", Word::Idx, false, "(ex * n + row) * row_bytes"));
-                line(3, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + row / ng) * k"));
-                line(3, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
+                // A missing pick (top_k's -1: fewer finite scores than picks) adds nothing
+                // and reads no weight (the same for every thread of the block).
+                line(3, format!("if (pick >= {}) {{", s.int_lit(Word::I32, 0)));
+                line(4, s.decl("ex", Word::Idx, false, &s.cast(Word::Idx, "pick")));
+                line(4, s.decl("sc", Word::F32, true, &self.f32_const(1.0)));
+                line(4, format!("if (has_wts != {}) {{", self.idx(0)));
+                line(5, format!("sc = {}[p];", b("wts")));
+                line(4, "}".into());
+                line(4, s.decl("row_base", Word::Idx, false, "(ex * n + row) * row_bytes"));
+                line(4, s.decl("xo", Word::Idx, false, "((p / x_div) * groups + row / ng) * k"));
+                line(4, s.decl("part", Word::F32, true, &self.f32_const(0.0)));
                 for (d, l) in self.weight_runs(&runs::Walk::whole_row(&threads), &[runs::Token { xo: "xo".into(), acc: "part".into() }])? {
-                    line(3 + d, l);
+                    line(4 + d, l);
                 }
-                line(3, "acc = acc + sc * part;".into());
+                line(4, "acc = acc + sc * part;".into());
+                line(3, "}".into());
                 line(2, "}".into());
                 let (code, total) = self.block_total("acc");
                 for (d, l) in code {

@@ -233,6 +233,31 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         vec![A::F(r.floats(t * slots * w, -2.0, 2.0)), A::F(gate), A::U(slots), A::U(w)],
         Body::F(|it, o, a| compress::compress_pool(it, o, f(&a[0]), f(&a[1]), u(&a[2]), u(&a[3]))),
     ));
+    // compress_gather: HCA or CSA logs of tokens `first ..`, rows from row 0 or later.
+    let (ratio, n_new, wd) = (r.range(1, 5), r.range(1, 4), r.range(1, 6));
+    let overlap = r.coin(0.5);
+    let slots = if overlap { 2 * ratio } else { ratio };
+    let first_row = if r.coin(0.3) { 0 } else { r.range(1, 6) };
+    let lowest = if overlap { first_row.saturating_sub(1) * ratio } else { first_row * ratio };
+    let first = lowest - r.range(0, 3).min(lowest);
+    let cw = slots / ratio * wd;
+    let tokens = (first_row + n_new) * ratio - first;
+    out.push(case(
+        compress::compress_gather_kir(),
+        2 * n_new,
+        vec![
+            A::F(r.floats(tokens * cw, -2.0, 2.0)),
+            A::F(r.floats(tokens * cw, -2.0, 2.0)),
+            A::F(r.floats(ratio * cw, -1.0, 1.0)),
+            A::U(n_new),
+            A::U(first_row),
+            A::U(first),
+            A::U(ratio),
+            A::U(slots),
+            A::U(wd),
+        ],
+        Body::F(|it, o, a| compress::compress_gather(it, o, f(&a[0]), f(&a[1]), f(&a[2]), u(&a[3]), u(&a[4]), u(&a[5]), u(&a[6]), u(&a[7]), u(&a[8]))),
+    ));
     let (iheads, dk, n_rows) = (r.range(1, 4), r.range(1, 8), r.range(0, 8));
     let (pos0, ratio) = (r.range(0, 20), r.range(1, 5));
     out.push(case(

@@ -7,7 +7,7 @@
 //! about DS4 beyond the op set.
 
 use crate::slot_ops;
-use crate::state::SessionState;
+use crate::state::{RowLog, SessionState};
 use crate::weights::{Compute, WeightView, Weights};
 use crate::cpu_kernels as k;
 use ds4_ir::kernels::attention;
@@ -95,14 +95,12 @@ pub struct Executor<'a> {
 
 impl<'a> Executor<'a> {
     /// Run the graph for a batch at `bind`, updating `state`; returns the named outputs.
-    pub fn run<F: Compute>(&self, state: &mut SessionState<F>, bind: Bind, inputs: RunInputs<'_, F>) -> Result<HashMap<String, Vec<F>>, ExecError> {
+    pub fn run<F: Compute>(&self, state: &mut SessionState<RowLog<F>>, bind: Bind, inputs: RunInputs<'_, F>) -> Result<HashMap<String, Vec<F>>, ExecError> {
         let g = self.graph;
         let order = g.order();
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, Value<F>> = HashMap::new();
-        if state.slots.len() < g.n_slots {
-            state.slots.resize(g.n_slots, None);
-        }
+        state.ensure_slots(g.n_slots);
         for (k, &id) in order.iter().enumerate() {
             let node = g.node(id);
             let ins = g.inputs(id);
@@ -351,15 +349,16 @@ impl<'a> Executor<'a> {
                     launch(&mut out, n, |i, o| k::swiglu::swiglu(i, o, g_, u, n, F::from_f32(*clamp)));
                     Value::F(out)
                 }
-                Op::WindowKv { slot, window } => Value::F(slot_ops::window_kv(state, *slot, *window, f(0), last(0), bind, &node.label)?),
+                Op::WindowKv { slot, window } => Value::F(slot_ops::window_kv(state, *slot, *window, last(0), f(0), bind, &node.label)?.to_vec()),
                 Op::CompressPool { slot, ratio, overlap, width } => {
                     let wd = *width;
-                    let p = slot_ops::compress_gather(state, *slot, *ratio, *overlap, wd, f(0), f(1), &vecf(2), last(0), shape[0], bind, &node.label)?;
+                    let logs = slot_ops::compress_log(state, *slot, *ratio, *overlap, last(0), f(0), f(1), shape[0], bind, &node.label)?;
+                    let p = slot_ops::compress_gather(&logs, &vecf(2), *ratio, *overlap, wd);
                     let mut out = zeros::<F>(n_out);
                     launch(&mut out, wd, |i, o| k::compress_pool::compress_pool(i, o, &p.kv, &p.gate, p.slots, wd));
                     Value::F(out)
                 }
-                Op::RowCache { slot, ratio } => Value::F(slot_ops::row_cache(state, *slot, *ratio, f(0), last(0), bind, &node.label)?.to_vec()),
+                Op::RowCache { slot, ratio } => Value::F(slot_ops::row_cache(state, *slot, *ratio, last(0), f(0), bind, &node.label)?.to_vec()),
                 Op::IndexerScores { ratio } => {
                     let (q, wt, rws) = (f(0), f(1), f(2));
                     let (qs, n_rows) = (in_shape(0), shape[1]);

@@ -2,6 +2,7 @@
 pub mod cuda;
 pub mod cpu_kernels;
 pub mod exec;
+pub mod grow_log;
 pub mod sample;
 pub mod session;
 pub mod slot_ops;

@@ -1,7 +1,7 @@
 //! A loaded model and the sessions (conversations) that run on it.
 
 use crate::exec::{ExecError, Executor, RunInputs};
-use crate::state::SessionState;
+use crate::state::{RowLog, SessionState};
 use crate::weights::{Compute, Weights};
 use ds4_ir::{Bind, Graph};
 use ds4_model::builder::{build_graph, BuildError, GraphOptions, TensorTable};
@@ -95,7 +95,7 @@ pub struct Session<'m, F> {
     graph: std::borrow::Cow<'m, Graph>,
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
-    state: SessionState<F>,
+    state: SessionState<RowLog<F>>,
     pos: usize,
     opts: SessionOptions,
 }

@@ -4,10 +4,41 @@
 //!
 //! Logs keep `max_rewind` extra rows so that `rewind(n)` can drop the last n positions
 //! and the next batch still finds every row it needs.
+//!
+//! Where a log's rows live is the backend's business ([`LogStore`]): host memory for the
+//! CPU executor ([`RowLog`]), device memory for the CUDA executor (`cuda::DeviceLog`). The
+//! bookkeeping over them (this file's truncate and trim, `slot_ops`) is written once.
 
+use crate::exec::ExecError;
 use ds4_ir::Real;
 
-/// Rows of a fixed width, indexed from `first` (a position or a row number).
+/// A log of rows of a fixed width, indexed from `first()` (a position or a row number).
+pub trait LogStore: Sized {
+    /// Rows to append, as the backend holds them.
+    type Src<'a>;
+    /// Kept rows handed to the next op.
+    type View<'a>
+    where
+        Self: 'a;
+    /// An empty log of rows of `width` elements.
+    fn new(width: usize) -> Self;
+    /// The first kept row's index.
+    fn first(&self) -> usize;
+    /// One past the last row's index.
+    fn end(&self) -> usize;
+    /// Appends whole rows.
+    fn push(&mut self, rows: Self::Src<'_>) -> Result<(), ExecError>;
+    /// Rows [a, b), if they are all kept.
+    fn rows(&self, a: usize, b: usize) -> Option<Self::View<'_>>;
+    /// Drop rows at or after `end`.
+    fn truncate(&mut self, end: usize);
+    /// Forget rows before `from`.
+    fn trim_front(&mut self, from: usize);
+    /// Bytes held, for reporting.
+    fn bytes(&self) -> usize;
+}
+
+/// Rows in host memory.
 #[derive(Clone, Debug, Default)]
 pub struct RowLog<F> {
     pub width: usize,
@@ -15,36 +46,40 @@ pub struct RowLog<F> {
     pub data: Vec<F>,
 }
 
-impl<F: Real> RowLog<F> {
-    pub fn new(width: usize) -> Self {
+impl<F: Real> LogStore for RowLog<F> {
+    type Src<'a> = &'a [F];
+    type View<'a>
+        = &'a [F]
+    where
+        F: 'a;
+
+    fn new(width: usize) -> Self {
         RowLog { width, first: 0, data: Vec::new() }
     }
-    /// One past the last row's index.
-    pub fn end(&self) -> usize {
+    fn first(&self) -> usize {
+        self.first
+    }
+    fn end(&self) -> usize {
         self.first + self.data.len() / self.width.max(1)
     }
-    pub fn push(&mut self, rows: &[F]) {
+    fn push(&mut self, rows: &[F]) -> Result<(), ExecError> {
+        check_whole_rows(rows.len(), self.width)?;
         self.data.extend_from_slice(rows);
+        Ok(())
     }
-    /// Rows [a, b) as one slice, if they are all kept.
-    pub fn rows(&self, a: usize, b: usize) -> Option<&[F]> {
+    fn rows(&self, a: usize, b: usize) -> Option<&[F]> {
         if a < self.first || b > self.end() || a > b {
             return None;
         }
         Some(&self.data[(a - self.first) * self.width..(b - self.first) * self.width])
     }
-    pub fn row(&self, i: usize) -> Option<&[F]> {
-        self.rows(i, i + 1)
-    }
-    /// Drop rows at or after `end`.
-    pub fn truncate(&mut self, end: usize) {
+    fn truncate(&mut self, end: usize) {
         if end < self.end() {
             let keep = end.saturating_sub(self.first);
             self.data.truncate(keep * self.width);
         }
     }
-    /// Forget rows before `from`.
-    pub fn trim_front(&mut self, from: usize) {
+    fn trim_front(&mut self, from: usize) {
         if from > self.first {
             // The new first row, computed before the drain changes `end()`.
             let first = from.min(self.end());
@@ -52,32 +87,47 @@ impl<F: Real> RowLog<F> {
             self.first = first;
         }
     }
-    pub fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<F>()
     }
 }
 
+/// `elems` must be whole rows of `width`.
+pub fn check_whole_rows(elems: usize, width: usize) -> Result<(), ExecError> {
+    if width == 0 || !elems.is_multiple_of(width) {
+        return Err(ExecError::Internal(format!("{elems} values are not whole rows of {width}")));
+    }
+    Ok(())
+}
+
 /// The state behind one slot.
 #[derive(Clone, Debug)]
-pub enum SlotState<F> {
+pub enum SlotState<L> {
     /// Window KV rows by position.
-    Window { window: usize, log: RowLog<F> },
+    Window { window: usize, log: L },
     /// A compressor's per-token kv and gate projections by position.
-    CompressLog { ratio: usize, kv: RowLog<F>, gate: RowLog<F> },
+    CompressLog { ratio: usize, kv: L, gate: L },
     /// Compressed rows by row number (never trimmed: attention reads them all).
-    Rows { ratio: usize, rows: RowLog<F> },
+    Rows { ratio: usize, rows: L },
 }
 
 #[derive(Clone, Debug)]
-pub struct SessionState<F> {
-    pub slots: Vec<Option<SlotState<F>>>,
+pub struct SessionState<L> {
+    pub slots: Vec<Option<SlotState<L>>>,
     /// How many positions `rewind` may drop.
     pub max_rewind: usize,
 }
 
-impl<F: Real> SessionState<F> {
+impl<L: LogStore> SessionState<L> {
     pub fn new(n_slots: usize, max_rewind: usize) -> Self {
-        SessionState { slots: vec![None; n_slots], max_rewind }
+        SessionState { slots: (0..n_slots).map(|_| None).collect(), max_rewind }
+    }
+
+    /// At least `n` slots (a graph may have more than the session was made with).
+    pub fn ensure_slots(&mut self, n: usize) {
+        if self.slots.len() < n {
+            self.slots.resize_with(n, || None);
+        }
     }
 
     /// Drop everything at or after position `end`.

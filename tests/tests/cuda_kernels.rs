@@ -108,6 +108,19 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let gate: Vec<f64> = gate.iter().enumerate().map(|(i, &g)| if (i / w) % slots == 0 && g.is_infinite() { 0.5 } else { g }).collect();
             (t, vec![F(r.floats(t * slots * w, -2.0, 2.0)), F(gate), U(slots), U(w)])
         }
+        "compress_gather" => {
+            // HCA or CSA logs of tokens `first ..`; new rows from row 0 or later.
+            let (ratio, n_rows, w) = (r.range(1, 6), r.range(1, 5), r.range(1, 16));
+            let overlap = r.next() % 2 == 0;
+            let slots = if overlap { 2 * ratio } else { ratio };
+            let first_row = if r.next() % 3 == 0 { 0 } else { r.range(1, 9) };
+            let lowest = if overlap { first_row.saturating_sub(1) * ratio } else { first_row * ratio };
+            let first = lowest - r.range(0, 4).min(lowest);
+            let cw = slots / ratio * w;
+            let tokens = (first_row + n_rows) * ratio - first;
+            let args = vec![F(r.floats(tokens * cw, -2.0, 2.0)), F(r.floats(tokens * cw, -2.0, 2.0)), F(r.floats(ratio * cw, -1.0, 1.0)), U(n_rows), U(first_row), U(first), U(ratio), U(slots), U(w)];
+            (2 * n_rows, args)
+        }
         "indexer_head_dots" => {
             let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
             (t * heads, vec![F(r.floats(t * heads * dk, -1.0, 1.0)), F(r.floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])

@@ -2,6 +2,67 @@
 //! lightning indexer that picks which compressed rows a query may use.
 use crate::real::Real;
 
+/// `compress_pool`'s inputs gathered from a compressor's logs, where the logs stay (on a
+/// GPU): item j < n_rows is new row `first_row + j`'s kv values, item n_rows + j its gate
+/// values plus the positional bias `ape` ([ratio, cw]); each `[slots, w]`. `kv`, `gate`
+/// hold the projections ([.., cw], cw = slots / ratio · w) of tokens `first ..`.
+///
+/// Slot s of row i is token i·ratio + s; with overlap (CSA, slots = 2·ratio) slots
+/// s < ratio are the A halves (channels 0..w) of the previous window's tokens, absent
+/// for row 0 (kv 0, gate -inf: weight 0), and slots s ≥ ratio the B halves (channels
+/// w..2w) of the row's own.
+#[allow(clippy::too_many_arguments)]
+#[ds4_macros::kernel(out = "slots * w")]
+pub fn compress_gather<F: Real>(
+    item: usize,
+    out: &mut [F],
+    kv: &[F],
+    gate: &[F],
+    ape: &[F],
+    n_rows: usize,
+    first_row: usize,
+    first: usize,
+    ratio: usize,
+    slots: usize,
+    w: usize,
+) {
+    let is_gate = item >= n_rows;
+    let i = first_row + item % n_rows;
+    let cw = slots / ratio * w;
+    'par: for e in 0..slots * w {
+        let s = e / w;
+        let c = e % w;
+        let mut present = true;
+        let mut tok = i * ratio + s;
+        let mut half = 0;
+        if slots > ratio {
+            if s < ratio {
+                if i == 0 {
+                    present = false;
+                } else {
+                    tok = (i - 1) * ratio + s;
+                }
+            } else {
+                tok = i * ratio + s - ratio;
+                half = w;
+            }
+        }
+        let mut v = F::zero();
+        if is_gate {
+            v = F::neg_infinity();
+        }
+        if present {
+            let at = (tok - first) * cw + half + c;
+            if is_gate {
+                v = gate[at] + ape[(tok % ratio) * cw + half + c];
+            } else {
+                v = kv[at];
+            }
+        }
+        out[e] = v;
+    }
+}
+
 /// One compressed row: per channel, a softmax over the row's `slots` of the gate values,
 /// weighting the kv values. `kv`, `gate` are `[rows, slots, w]`; an absent slot carries
 /// gate = -inf (weight 0).

@@ -27,6 +27,7 @@ pub fn all() -> Vec<crate::kir::Kernel> {
         rope::rope_kir(),
         attention::attention_partial_kir(),
         attention::attention_merge_kir(),
+        compress::compress_gather_kir(),
         compress::compress_pool_kir(),
         compress::indexer_head_dots_kir(),
         compress::indexer_combine_kir(),

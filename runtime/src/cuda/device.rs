@@ -181,16 +181,26 @@ impl DeviceBuf {
         Ok(())
     }
 
+    /// The device this buffer lives on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.dev
+    }
+
     /// Copies the first `n` elements back.
     pub fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, CudaError> {
+        self.read_at(0, n)
+    }
+
+    /// Copies `n` elements back, starting at byte offset `at`.
+    pub fn read_at<T: Copy + Default>(&self, at: usize, n: usize) -> Result<Vec<T>, CudaError> {
         let mut out = vec![T::default(); n];
-        if std::mem::size_of_val(&out[..]) > self.bytes {
-            return Err(CudaError(format!("read of {n} elements from a buffer of {} bytes", self.bytes)));
+        if at + std::mem::size_of_val(&out[..]) > self.bytes {
+            return Err(CudaError(format!("read of {n} elements at byte {at} from a buffer of {} bytes", self.bytes)));
         }
         if n > 0 {
             self.dev.bind()?;
             // SAFETY: in bounds (checked above); synchronous copy into a live slice.
-            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }?;
+            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr + at as u64) }?;
         }
         Ok(out)
     }
@@ -222,6 +232,32 @@ impl Drop for DeviceBuf {
             // SAFETY: allocated by malloc_sync, freed once.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
+    }
+}
+
+/// `len` elements of 4 bytes (f32 or i32) from element `off` of a shared buffer: a value
+/// flowing along a graph edge, or a view into a slot's log (`DeviceLog`).
+#[derive(Clone)]
+pub struct DevSlice {
+    pub buf: Arc<DeviceBuf>,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl DevSlice {
+    /// All of a new buffer's first `len` elements.
+    pub fn whole(buf: DeviceBuf, len: usize) -> DevSlice {
+        DevSlice { buf: Arc::new(buf), off: 0, len }
+    }
+
+    /// The device address of the first element.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.buf.ptr + (self.off * 4) as u64
+    }
+
+    pub fn read<T: Copy + Default>(&self) -> Result<Vec<T>, CudaError> {
+        debug_assert_eq!(std::mem::size_of::<T>(), 4);
+        self.buf.read_at(self.off * 4, self.len)
     }
 }
 

@@ -1,13 +1,17 @@
 //! The graph executor on the GPU: `crate::exec` with device buffers. Same node order,
-//! same shapes, same kernels (the generated CUDA of the same kernel bodies), same errors;
-//! the stateful ops keep their bookkeeping on the host (`slots.rs`).
+//! same shapes, same kernels (the generated CUDA of the same kernel bodies), same errors.
+//! The stateful ops' logs live on the device (`DeviceLog`, with `crate::slot_ops`'s
+//! bookkeeping), token ids are checked from the host's copy, and the expert ids of a
+//! decode step need no check (`expert_ids.rs`): the only read back is the outputs (and,
+//! in prefill, each MoE layer's picks, to group the tokens by expert).
 
 use super::compile::{Kernels, ParamSig};
 use super::profile;
-use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
+use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
+use super::device_log::DeviceLog;
 use super::placement::{DeviceTensor, DeviceWeights};
-use crate::slot_ops;
 use crate::exec::ExecError;
+use crate::slot_ops;
 use crate::state::SessionState;
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
@@ -21,7 +25,6 @@ const ATTENTION_BLOCKS_PER_SM: usize = 4;
 const TOKENS: usize = ds4_codegen::quant::TOKENS as usize;
 const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;
 const MMA_TOKENS: usize = ds4_codegen::quant::MMA_TOKENS as usize;
-use std::rc::Rc;
 use std::sync::Arc;
 
 impl From<CudaError> for ExecError {
@@ -30,10 +33,10 @@ impl From<CudaError> for ExecError {
     }
 }
 
-/// A value flowing along an edge: a device buffer of f32 or i32 elements, or a weight.
+/// A value flowing along an edge: f32 or i32 elements on the device, or a weight.
 enum GVal {
-    F(Rc<DeviceBuf>, usize),
-    I(Rc<DeviceBuf>, usize),
+    F(DevSlice),
+    I(DevSlice),
     W(String),
     Freed,
 }
@@ -80,7 +83,7 @@ impl GpuExecutor<'_> {
             let items = n_out / out_len;
             self.call(name, (items as u32, self.item_splits(name, items, out_len)? as u32), &all)?;
         }
-        Ok(GVal::F(Rc::new(out), n_out))
+        Ok(GVal::F(DevSlice::whole(out, n_out)))
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
@@ -155,14 +158,12 @@ impl GpuExecutor<'_> {
     }
 
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
-    pub fn run(&self, state: &mut SessionState<f32>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+    pub fn run(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
         let order = g.order();
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, GVal> = HashMap::new();
-        if state.slots.len() < g.n_slots {
-            state.slots.resize(g.n_slots, None);
-        }
+        state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
         for (step, &id) in order.iter().enumerate() {
@@ -177,29 +178,25 @@ impl GpuExecutor<'_> {
                 let s = in_shape(i);
                 s.iter().product::<usize>() / s.last().copied().unwrap_or(1).max(1)
             };
-            let f = |i: usize| -> Result<Arg, ExecError> {
+            let fs = |i: usize| -> Result<&DevSlice, ExecError> {
                 match vals.get(&ins[i].index()) {
-                    Some(GVal::F(b, _)) => Ok(Arg::Ptr(b.ptr)),
+                    Some(GVal::F(s)) => Ok(s),
                     _ => Err(ExecError::Internal(format!("{label}: input {i} is not a float value"))),
                 }
             };
-            let iv = |i: usize| -> Result<Arg, ExecError> {
+            let f = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(fs(i)?.ptr())) };
+            let is = |i: usize| -> Result<&DevSlice, ExecError> {
                 match vals.get(&ins[i].index()) {
-                    Some(GVal::I(b, _)) => Ok(Arg::Ptr(b.ptr)),
+                    Some(GVal::I(s)) => Ok(s),
                     _ => Err(ExecError::Internal(format!("{label}: input {i} is not an i32 value"))),
                 }
             };
-            let host_i = |i: usize| -> Result<Vec<i32>, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::I(b, n)) => Ok(b.read::<i32>(*n)?),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not an i32 value"))),
-                }
-            };
-            let host_f = |i: usize| -> Result<Vec<f32>, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::F(b, n)) => Ok(b.read::<f32>(*n)?),
-                    Some(GVal::W(name)) => Ok(self.weights.vector(name)?.1.clone()),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
+            let iv = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(is(i)?.ptr())) };
+            // Token ids are checked on the host's copy, the graph input (no read back).
+            let graph_ids = |i: usize| -> Result<&[i32], ExecError> {
+                match &g.node(ins[i]).op {
+                    Op::Input { name, .. } if name == "ids" => Ok(ids),
+                    _ => Err(ExecError::Internal(format!("{label}: token ids must be the graph's ids input"))),
                 }
             };
             let w = |i: usize| -> Result<&DeviceTensor, ExecError> {
@@ -211,27 +208,27 @@ impl GpuExecutor<'_> {
             // A small float parameter: an activation or a weight kept as an f32 vector.
             let vecf = |i: usize| -> Result<Arg, ExecError> {
                 match vals.get(&ins[i].index()) {
-                    Some(GVal::F(b, _)) => Ok(Arg::Ptr(b.ptr)),
-                    Some(GVal::W(name)) => Ok(Arg::Ptr(self.weights.vector(name)?.0.ptr)),
+                    Some(GVal::F(s)) => Ok(Arg::Ptr(s.ptr())),
+                    Some(GVal::W(name)) => Ok(Arg::Ptr(self.weights.vector(name)?.ptr)),
                     _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
                 }
             };
             let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
-                    "ids" => GVal::I(Rc::new(self.dev.upload(ids)?), ids.len()),
+                    "ids" => GVal::I(DevSlice::whole(self.dev.upload(ids)?, ids.len())),
                     "residual" => {
                         let r = residual.ok_or_else(|| ExecError::Input("this graph needs an incoming residual".into()))?;
                         if r.len() != n_out {
                             return Err(ExecError::Input(format!("residual has {} values, the graph needs {n_out}", r.len())));
                         }
-                        GVal::F(Rc::new(self.dev.upload(r)?), n_out)
+                        GVal::F(DevSlice::whole(self.dev.upload(r)?, n_out))
                     }
                     other => return Err(ExecError::Input(format!("unknown graph input '{other}'"))),
                 },
                 Op::Weight { name, .. } => GVal::W(name.clone()),
                 Op::Embed => {
-                    let host_ids = host_i(0)?;
+                    let host_ids = graph_ids(0)?;
                     let table = w(1)?;
                     let (d, vocab) = (shape[1], table.ne[1] as usize);
                     if let Some(bad) = host_ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
@@ -240,7 +237,7 @@ impl GpuExecutor<'_> {
                     let out = self.dev.alloc(n_out * 4)?;
                     let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(table.ptr)), ("ids", iv(0)?), ("k", u(d)), ("row_bytes", u(table.row_bytes(d)))];
                     self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (host_ids.len() as u32, 1), &named)?;
-                    GVal::F(Rc::new(out), n_out)
+                    GVal::F(DevSlice::whole(out, n_out))
                 }
                 Op::MatMul => {
                     let (k, n, m) = (last(0), shape[shape.len() - 1], rows(0));
@@ -251,7 +248,7 @@ impl GpuExecutor<'_> {
                     } else {
                         self.matvec(&out, w(1)?, x, None, None, n, k, m, 1, 1, 1, n)?;
                     }
-                    GVal::F(Rc::new(out), n_out)
+                    GVal::F(DevSlice::whole(out, n_out))
                 }
                 Op::GroupedMatMul { groups } => {
                     let (kg, n, m) = (last(0) / groups, shape[shape.len() - 1], rows(0));
@@ -262,22 +259,23 @@ impl GpuExecutor<'_> {
                     } else {
                         self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups)?;
                     }
-                    GVal::F(Rc::new(out), n_out)
+                    GVal::F(DevSlice::whole(out, n_out))
                 }
                 Op::MoeExperts { clamp } => {
                     let (Arg::Ptr(a), Arg::Ptr(sel), Arg::Ptr(wts)) = (f(0)?, iv(1)?, f(2)?) else { unreachable!() };
                     let (gate, up, down) = (w(3)?, w(4)?, w(5)?);
                     let (d, k, t) = (last(0), last(1), rows(0));
                     let (ff, n_exp) = (gate.ne[1] as usize, gate.ne[2] as usize);
-                    let sel_host = host_i(1)?;
-                    if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
-                        return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
-                    }
                     // Prefill: the (token, pick) rows grouped by expert, TOKENS to a group,
                     // so that each de-quantized expert weight serves its group (the tiled
-                    // matmul over row lists). Decode: a mat-vec per (token, pick) over the
-                    // picked expert's rows.
+                    // matmul over row lists): the picks are read back (checked, as on the
+                    // CPU). Decode: a mat-vec per (token, pick) over the picked expert's
+                    // rows, with no read (see expert_ids.rs).
                     let groups = if t > 1 {
+                        let sel_host: Vec<i32> = is(1)?.read()?;
+                        if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
+                            return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
+                        }
                         let (idx, gexp) = expert_groups(&sel_host, n_exp, MMA_TOKENS);
                         Some((self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len()))
                     } else {
@@ -297,32 +295,32 @@ impl GpuExecutor<'_> {
                         }
                     }
                     let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
-                    let GVal::F(h, _) = h else { unreachable!() };
+                    let GVal::F(h) = h else { unreachable!() };
                     // Per token: Σ over picks of weight · down(h).
                     match &groups {
                         Some((idx, gexp, n_groups)) => {
                             let y = self.dev.alloc(t * k * d * 4)?;
-                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr, d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
                             self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
                         }
                         None => {
                             let out = self.dev.alloc(n_out * 4)?;
-                            self.matvec(&out, down, h.ptr, Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
-                            GVal::F(Rc::new(out), n_out)
+                            self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                            GVal::F(DevSlice::whole(out, n_out))
                         }
                     }
                 }
                 Op::LastRow => match vals.get(&ins[0].index()) {
-                    Some(GVal::F(b, n)) => {
+                    Some(GVal::F(s)) => {
                         let out = self.dev.alloc(n_out * 4)?;
-                        out.copy_from(0, b, (n - n_out) * 4, n_out * 4)?;
-                        GVal::F(Rc::new(out), n_out)
+                        out.copy_from(0, &s.buf, (s.off + s.len - n_out) * 4, n_out * 4)?;
+                        GVal::F(DevSlice::whole(out, n_out))
                     }
                     _ => return Err(ExecError::Internal(format!("{label}: input 0 is not a float value"))),
                 },
                 Op::Reshape { .. } => match vals.get(&ins[0].index()) {
-                    Some(GVal::F(b, n)) => GVal::F(b.clone(), *n),
-                    Some(GVal::I(b, n)) => GVal::I(b.clone(), *n),
+                    Some(GVal::F(s)) => GVal::F(s.clone()),
+                    Some(GVal::I(s)) => GVal::I(s.clone()),
                     _ => return Err(ExecError::Internal(format!("{label}: reshape of a non-activation"))),
                 },
                 Op::RmsNorm { eps } => {
@@ -393,16 +391,16 @@ impl GpuExecutor<'_> {
                 Op::RouterHash { k } => {
                     let table = w(1)?;
                     let vocab = table.bytes / 4 / k;
-                    if let Some(bad) = host_i(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
+                    if let Some(bad) = graph_ids(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
                         return Err(ExecError::Input(format!("token id {bad} is outside the hash table (size {vocab})")));
                     }
-                    let GVal::F(b, n) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
-                    GVal::I(b, n)
+                    let GVal::F(s) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
+                    GVal::I(s)
                 }
                 Op::TopK { k } => {
                     let n = last(0);
-                    let GVal::F(b, len) = self.op("top_k", n_out, *k, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
-                    GVal::I(b, len)
+                    let GVal::F(s) = self.op("top_k", n_out, *k, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
+                    GVal::I(s)
                 }
                 Op::RouterWeights { scale, normalize } => {
                     let (n, k) = (last(0), last(1));
@@ -412,24 +410,29 @@ impl GpuExecutor<'_> {
                     let n = last(0);
                     self.op("swiglu", n_out, n, &[("g", f(0)?), ("u", f(1)?), ("n", u(n)), ("clamp", fl(*clamp))])?
                 }
-                Op::WindowKv { slot, window } => {
-                    let wd = last(0);
-                    let x = host_f(0)?;
-                    let rows = slot_ops::window_kv(state, *slot, *window, &x, wd, bind, label)?;
-                    GVal::F(Rc::new(self.dev.upload(&rows)?), rows.len())
-                }
+                Op::WindowKv { slot, window } => GVal::F(slot_ops::window_kv(state, *slot, *window, last(0), fs(0)?, bind, label)?),
                 Op::CompressPool { slot, ratio, overlap, width } => {
-                    let (kvc, gc, ape) = (host_f(0)?, host_f(1)?, host_f(2)?);
-                    let p = slot_ops::compress_gather(state, *slot, *ratio, *overlap, *width, &kvc, &gc, &ape, last(0), shape[0], bind, label)?;
-                    let (kv, gate) = (self.dev.upload(&p.kv)?, self.dev.upload(&p.gate)?);
-                    self.op("compress_pool", n_out, *width, &[("kv", Arg::Ptr(kv.ptr)), ("gate", Arg::Ptr(gate.ptr)), ("slots", u(p.slots)), ("w", u(*width))])?
+                    let wd = *width;
+                    let logs = slot_ops::compress_log(state, *slot, *ratio, *overlap, last(0), fs(0)?, fs(1)?, shape[0], bind, label)?;
+                    // The new rows' slots gathered from the logs (kv, then gate + ape), pooled.
+                    let slots = slot_ops::pool_slots(*ratio, *overlap);
+                    let per_row = slots * wd;
+                    let named = [
+                        ("kv", Arg::Ptr(logs.kv.ptr())),
+                        ("gate", Arg::Ptr(logs.gate.ptr())),
+                        ("ape", vecf(2)?),
+                        ("n_rows", u(logs.n_rows)),
+                        ("first_row", u(logs.first_row)),
+                        ("first", u(logs.first)),
+                        ("ratio", u(*ratio)),
+                        ("slots", u(slots)),
+                        ("w", u(wd)),
+                    ];
+                    let GVal::F(gathered) = self.op("compress_gather", 2 * logs.n_rows * per_row, per_row, &named)? else { unreachable!() };
+                    let (kv, gate) = (gathered.ptr(), gathered.ptr() + (logs.n_rows * per_row * 4) as u64);
+                    self.op("compress_pool", n_out, wd, &[("kv", Arg::Ptr(kv)), ("gate", Arg::Ptr(gate)), ("slots", u(slots)), ("w", u(wd))])?
                 }
-                Op::RowCache { slot, ratio } => {
-                    let wd = last(0);
-                    let x = host_f(0)?;
-                    let rows = slot_ops::row_cache(state, *slot, *ratio, &x, wd, bind, label)?;
-                    GVal::F(Rc::new(self.dev.upload(rows)?), rows.len())
-                }
+                Op::RowCache { slot, ratio } => GVal::F(slot_ops::row_cache(state, *slot, *ratio, last(0), fs(0)?, bind, label)?),
                 Op::IndexerScores { ratio } => {
                     let (qs, n_rows) = (in_shape(0), shape[1]);
                     // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
@@ -483,8 +486,8 @@ impl GpuExecutor<'_> {
                     let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
                     pnamed.push(("nc", u(nc)));
                     let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
-                    let GVal::F(part, _) = part else { unreachable!() };
-                    self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr)), ("hd", u(hd)), ("nc", u(nc))])?
+                    let GVal::F(part) = part else { unreachable!() };
+                    self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };
             profile::stop(self.dev, t_node, node.op.name())?;
@@ -499,8 +502,8 @@ impl GpuExecutor<'_> {
         let mut outs = HashMap::new();
         for (name, id) in &g.outputs {
             match vals.get(&id.index()) {
-                Some(GVal::F(b, n)) => {
-                    outs.insert(name.clone(), b.read::<f32>(*n)?);
+                Some(GVal::F(s)) => {
+                    outs.insert(name.clone(), s.read::<f32>()?);
                 }
                 _ => return Err(ExecError::Internal(format!("output '{name}' has no float value"))),
             }

@@ -8,7 +8,9 @@
 //! - `compile.rs`: NVRTC, one module per kernel;
 //! - `placement.rs`: weights as raw GGUF bytes, 2 MiB-aligned per tensor (or packed);
 //! - `exec.rs`: the graph executor, `crate::exec`'s semantics on device buffers;
-//! - `crate::slot_ops`: the stateful ops' bookkeeping (host side, shared with the CPU);
+//! - `device_log.rs`: the stateful ops' logs in device memory (`crate::grow_log` over
+//!   device buffers; the bookkeeping is `crate::slot_ops`, shared with the CPU);
+//! - `expert_ids.rs`: the load-time check that lets a decode step skip reading expert ids;
 //! - `profile.rs`: `DS4_PROFILE=1`, device time per op kind;
 //! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
 //! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI.
@@ -18,7 +20,9 @@
 mod backend_choice;
 mod compile;
 mod device;
+mod device_log;
 mod exec;
+mod expert_ids;
 pub mod kernel_bench;
 mod placement;
 pub mod profile;
@@ -26,7 +30,8 @@ mod session;
 
 pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels};
-pub use device::{launch, probe, Arg, CudaError, Device, DeviceBuf};
+pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf};
+pub use device_log::DeviceLog;
 pub use exec::{expert_groups, matvec_row_blocks};
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};

@@ -5,8 +5,8 @@
 //! tensor's blocks start aligned). `Placement::Packed` puts them all in one allocation,
 //! 256-byte aligned, for small models or tight memory. Small float vectors (norm
 //! weights, biases, sinks, the compressor's positional bias) are also kept
-//! de-quantized in f32, on the device and on the host: the kernels and the stateful
-//! ops' bookkeeping read them as floats, as the CPU executor does.
+//! de-quantized in f32 on the device: the kernels read them as floats, as the CPU
+//! executor does.
 
 use super::device::{CudaError, Device, DeviceBuf};
 use crate::weights::Weights;
@@ -47,8 +47,8 @@ impl DeviceTensor {
 /// Every weight a graph reads, placed.
 pub struct DeviceWeights {
     pub tensors: HashMap<String, DeviceTensor>,
-    /// Small vectors in f32: on the device, and the host copy.
-    pub vectors: HashMap<String, (DeviceBuf, Vec<f32>)>,
+    /// Small vectors in f32.
+    pub vectors: HashMap<String, DeviceBuf>,
     /// The allocations backing `tensors` (kept alive here).
     _blocks: Vec<DeviceBuf>,
     pub bytes: usize,
@@ -127,7 +127,7 @@ impl DeviceWeights {
         let mut vectors = HashMap::new();
         for n in &vec_names {
             let host: Vec<f32> = view(weights, n)?.to_vec();
-            vectors.insert(n.clone(), (dev.upload(&host)?, host));
+            vectors.insert(n.clone(), dev.upload(&host)?);
         }
         Ok(DeviceWeights { tensors, vectors, _blocks: blocks, bytes: total })
     }
@@ -136,7 +136,7 @@ impl DeviceWeights {
         self.tensors.get(name).ok_or_else(|| CudaError(format!("weight {name} was not uploaded")))
     }
 
-    pub fn vector(&self, name: &str) -> Result<&(DeviceBuf, Vec<f32>), CudaError> {
+    pub fn vector(&self, name: &str) -> Result<&DeviceBuf, CudaError> {
         self.vectors.get(name).ok_or_else(|| CudaError(format!("weight {name} was not uploaded as a vector")))
     }
 }

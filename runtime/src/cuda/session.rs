@@ -4,7 +4,9 @@
 
 use super::compile::Kernels;
 use super::device::{CudaError, Device, DeviceBuf};
+use super::device_log::DeviceLog;
 use super::exec::GpuExecutor;
+use super::expert_ids::check_expert_sources;
 use super::placement::{DeviceWeights, Placement};
 use crate::session::{Model, ModelError, SessionOptions};
 use crate::state::SessionState;
@@ -39,9 +41,13 @@ pub struct CudaBackend<'m> {
 }
 
 impl<'m> CudaBackend<'m> {
-    /// Compiles the kernels of the model's graphs (with and without the round trips) and
-    /// uploads their weights.
+    /// Checks where the graphs' expert ids come from (`expert_ids.rs`: decode reads none
+    /// back), compiles the kernels of the model's graphs (with and without the round
+    /// trips) and uploads their weights.
     pub fn new(model: &'m Model, opts: &CudaOptions) -> Result<Arc<CudaBackend<'m>>, CudaError> {
+        for g in [&model.graph, &model.graph_plain] {
+            check_expert_sources(g, &model.weights)?;
+        }
         let dev = Device::open()?;
         let mut set = KernelSet::for_graph(&model.graph);
         for (k, ops) in KernelSet::for_graph(&model.graph_plain).ops {
@@ -65,7 +71,7 @@ pub struct CudaSession<'m> {
     graph: Cow<'m, Graph>,
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
-    state: SessionState<f32>,
+    state: SessionState<DeviceLog>,
     pos: usize,
     opts: SessionOptions,
 }
@@ -98,7 +104,7 @@ impl<'m> CudaSession<'m> {
         &self.opts
     }
 
-    /// Bytes of per-session state (kept on the host for now).
+    /// Bytes of per-session state (device memory held by the logs).
     pub fn state_bytes(&self) -> usize {
         self.state.bytes()
     }
