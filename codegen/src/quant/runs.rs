@@ -19,7 +19,7 @@
 //! Other layouts take runs of one sub-block.
 
 use super::{Lower, Word};
-use ds4_ir::quant::{BinOp, Expr, Level, Ty, UnOp};
+use ds4_ir::quant::{BinOp, Expr, Level, Ty};
 
 /// Elements a thread takes at a time.
 pub const RUN: u64 = 8;
@@ -306,16 +306,9 @@ impl Lower<'_> {
                 }
             }
             Shape::InSub { run } => {
-                // A run lies wholly inside the row or wholly past its end (runs divide
-                // blocks, rows are whole blocks); past the end it stores zeros.
                 for q in 0..count / run {
                     out.push((0, "{".into()));
                     out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
-                    out.push((1, "if (ea >= k) {".into()));
-                    for jj in 0..run {
-                        out.push((2, store(q * run + jj, &self.f32_const(0.0))));
-                    }
-                    out.push((1, "} else {".into()));
                     out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
                     out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
                     if run != self.spec.sub_block as u64 {
@@ -335,7 +328,6 @@ impl Lower<'_> {
                         out.push((2, store(q * run + jj, "wv")));
                         out.push((1, "}".into()));
                     }
-                    out.push((1, "}".into()));
                     out.push((0, "}".into()));
                 }
             }
@@ -344,122 +336,3 @@ impl Lower<'_> {
     }
 }
 
-/// Significant bits of an f32 constant (0 for zero).
-fn f32_bits(v: f32) -> u32 {
-    if v == 0.0 || !v.is_finite() {
-        return if v == 0.0 { 0 } else { 24 };
-    }
-    let m = (v.to_bits() & 0x7F_FFFF) | 0x80_0000;
-    24 - m.trailing_zeros()
-}
-
-impl Lower<'_> {
-    /// An upper bound on the significant bits of `e`'s f32 value (24: anything): a
-    /// narrow integer converted to f32 has its width, an f16 11, a product the sum of its
-    /// factors'. Values of 11 bits or fewer are exact in TF32, the tensor cores' f32 input.
-    pub(super) fn significant_bits(&self, e: &Expr) -> u32 {
-        match *e {
-            Expr::F32(v) => f32_bits(v),
-            Expr::Cast(Ty::F32, a) if a.ty() == Ty::F16 => 11,
-            Expr::Cast(Ty::F32, a) if a.ty().is_int() => a.ty().bits(),
-            Expr::Table(name, Ty::F32, _) => match self.spec.tables.iter().find(|t| t.name == name).map(|t| t.data) {
-                Some(ds4_ir::quant::TableData::F32(v)) => v.iter().map(|&x| f32_bits(x)).max().unwrap_or(0),
-                _ => 24,
-            },
-            Expr::Var(name, Ty::F32) => self.spec.let_(name).map_or(24, |l| self.significant_bits(l.value)),
-            Expr::Unary(UnOp::Neg, Ty::F32, a) => self.significant_bits(a),
-            Expr::Binary(BinOp::Mul, Ty::F32, a, b) => (self.significant_bits(a) + self.significant_bits(b)).min(24),
-            Expr::Select(Ty::F32, _, a, b) => self.significant_bits(a).max(self.significant_bits(b)),
-            _ => 24,
-        }
-    }
-
-    /// The element factor's significant bits (see [`Lower::significant_bits`]).
-    pub(super) fn elem_bits(&self, f: &Factored) -> u32 {
-        f.elem.iter().map(|e| self.significant_bits(e)).sum::<u32>().min(24)
-    }
-
-    /// Like [`Lower::value_runs`], in factored form: `store(i, e)` for the element
-    /// factor of element `e0 + i`, and once per run `scale(i, s, o)` with the run's scale
-    /// and offset (`o` None without one; the offset's sign folded in). Elements past `k`
-    /// only occur in the per-element shape, which has no scale: their factor is 0.
-    pub(super) fn factored_runs(&self, f: &Factored, count: u64, store: &dyn Fn(u64, &str) -> String, scale: &dyn Fn(u64, &str, Option<&str>) -> String) -> Result<Vec<(usize, String)>, super::QuantGenError> {
-        let s = self.syn;
-        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
-        let elem = self.product(&f.elem)?;
-        let mut out = Vec::new();
-        match self.shape() {
-            Shape::Blocks => {
-                for i in 0..count {
-                    out.push((0, "{".into()));
-                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(i)))));
-                    out.push((1, "if (ea < k) {".into()));
-                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
-                    out.push((2, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
-                    out.push((2, s.decl("j", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) % {sb})")))));
-                    for level in [Level::Block, Level::Sub, Level::Elem] {
-                        for l in self.lets_at(level)? {
-                            out.push((2, l));
-                        }
-                    }
-                    out.push((2, s.decl("ev", Word::F32, false, &elem)));
-                    out.push((2, store(i, "ev")));
-                    out.push((1, "} else {".into()));
-                    out.push((2, store(i, &self.f32_const(0.0))));
-                    out.push((1, "}".into()));
-                    out.push((0, "}".into()));
-                }
-            }
-            Shape::InSub { run } => {
-                let offset = match f.offset {
-                    Some((neg, o)) => Some(if neg { format!("(-{})", self.expr(o)?) } else { self.expr(o)? }),
-                    None => None,
-                };
-                // As in `value_runs`: a run past the row's end stores zeros (scale and
-                // offset too, so that nothing multiplies a stale value).
-                let zero = self.f32_const(0.0);
-                for q in 0..count / run {
-                    out.push((0, "{".into()));
-                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
-                    out.push((1, "if (ea >= k) {".into()));
-                    out.push((2, scale(q * run, &zero, offset.as_ref().map(|_| zero.as_str()))));
-                    for jj in 0..run {
-                        out.push((2, store(q * run + jj, &zero)));
-                    }
-                    out.push((1, "} else {".into()));
-                    out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
-                    out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
-                    if run != self.spec.sub_block as u64 {
-                        out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
-                    }
-                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
-                        out.push((1, l));
-                    }
-                    out.push((1, scale(q * run, &self.product(&f.scale)?, offset.as_deref())));
-                    for jj in 0..run {
-                        out.push((1, "{".into()));
-                        let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
-                        out.push((2, s.decl("j", Word::U32, false, &j)));
-                        for l in self.lets_at(Level::Elem)? {
-                            out.push((2, l));
-                        }
-                        out.push((2, s.decl("ev", Word::F32, false, &elem)));
-                        out.push((2, store(q * run + jj, "ev")));
-                        out.push((1, "}".into()));
-                    }
-                    out.push((1, "}".into()));
-                    out.push((0, "}".into()));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Elements per run of the in-sub-block shape (None: the per-element shape).
-    pub(super) fn sub_run(&self) -> Option<u64> {
-        match self.shape() {
-            Shape::InSub { run } => Some(run),
-            Shape::Blocks => None,
-        }
-    }
-}
