@@ -394,6 +394,47 @@ fn attention_tiled_matches_the_attention_partial_reference() {
     assert!(failures.is_empty(), "attention_tiled off the reference: {failures:?}");
 }
 
+/// One CSA layer of a 2048-token prefill at full size (64 heads of 512; per token up to
+/// 128 window rows and the indexer's 512 picks, -1 past the (t + 1) / 4 rows that exist):
+/// the time of attention_tiled and of the generated attention_partial (nc = 1, as the
+/// runtime launches both at this size), and how far apart their results are.
+#[test]
+fn attention_tiled_time_at_full_size_prefill() {
+    let Some(dev) = device() else { return };
+    let set = KernelSet { ops: [("attention_partial".to_string(), Default::default())].into(), cuda: [(cuda_attention::NAME, Default::default())].into(), ..Default::default() };
+    let ks = Kernels::compile(&dev, &set).expect("attention kernels compile with NVRTC");
+    let (t, heads, hd, window, n_comp, k_sel) = (2048usize, 64usize, 512usize, 128usize, 512usize, 512usize);
+    let mut r = Rng(seed());
+    let f32s = |r: &mut Rng, n: usize| -> Vec<f32> { r.floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect() };
+    let (q, win, comp, sinks) = (f32s(&mut r, t * heads * hd), f32s(&mut r, t * hd), f32s(&mut r, n_comp * hd), f32s(&mut r, heads));
+    let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % k_sel < (i / k_sel + 1) / 4 { r.range(0, (i / k_sel + 1) / 4) as i32 } else { -1 }).collect();
+    let (qb, wb, cb, sb, selb) = (dev.upload(&q).unwrap(), dev.upload(&win).unwrap(), dev.upload(&comp).unwrap(), dev.upload(&sinks).unwrap(), dev.upload(&sel).unwrap());
+    let rows: usize = (0..t).map(|p| (p + 1).min(window) + ((p + 1) / 4).min(k_sel)).sum();
+    let flops = (rows * heads * 4 * hd) as f64;
+    let u = |v: usize| Arg::U64(v as u64);
+    let mut results = Vec::new();
+    for (name, blocks) in [(cuda_attention::NAME, cuda_attention::blocks(t, heads, 1)), ("attention_partial", t * heads)] {
+        let k = ks.get(name).unwrap();
+        let out = dev.alloc(t * heads * (hd + 2) * 4).unwrap();
+        let scale = Arg::F32(1.0 / (hd as f32).sqrt());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(cb.ptr), Arg::Ptr(selb.ptr), Arg::Ptr(sb.ptr), u(heads), u(hd), u(0), u(0), u(t), u(window), u(n_comp), u(2), u(4), u(k_sel), scale, u(1)];
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            dev.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), &args).unwrap();
+            dev.synchronize().unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!("{name:<18} {:>9.3} ms  {:>6.2} TFLOP/s ({rows} rows × {heads} heads × {hd})", best * 1e3, flops / best / 1e12);
+        results.push(out.read::<f32>(t * heads * (hd + 2)).unwrap());
+    }
+    let scale = results[1].iter().filter(|v| v.is_finite()).fold(0f64, |m, &v| m.max(v.abs() as f64));
+    let worst = results[0].iter().zip(&results[1]).filter(|(_, w)| w.is_finite()).map(|(&g, &w)| (g as f64 - w as f64).abs() / (w.abs() as f64).max(1e-3 * scale)).fold(0f64, f64::max);
+    println!("attention_tiled vs attention_partial: worst relative difference {worst:.2e}");
+    assert!(worst < 1e-3, "the two attention kernels disagree at full size: {worst:.2e}");
+}
+
 #[test]
 fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
     let Some(dev) = device() else { return };
