@@ -30,13 +30,7 @@ pub fn run(a: GenArgs) -> Result<()> {
         let model = load_model(a.model.as_deref())?;
         let mut set = KernelSet::for_graph(&model.graph);
         // The plain graph (no round trips) is a session option: its kernels are a subset.
-        let plain = KernelSet::for_graph(&model.graph_plain);
-        for (k, ops) in plain.ops {
-            set.ops.entry(k).or_default().extend(ops);
-        }
-        for (k, ops) in plain.quant {
-            set.quant.entry(k).or_default().extend(ops);
-        }
+        set.extend(KernelSet::for_graph(&model.graph_plain));
         set
     };
     let (files, manifest) = generate(&set, a.target)?;

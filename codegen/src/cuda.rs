@@ -167,6 +167,23 @@ impl Dialect for Cuda {
     }
 
     fn kernel_open(&self, k: &Kernel, out_len: &str, parallel: bool) -> String {
+        let out = self.ident(k.out().0);
+        // Serial kernels: one thread computes the item, the others leave at once.
+        let threads = if parallel { "" } else { "    if (threadIdx.x != 0) return;\n" };
+        format!(
+            "extern \"C\" __global__ void {}({}) {{\n{threads}    \
+             const usize item = blockIdx.x;\n    \
+             {out} += item * ({out_len});\n",
+            k.name,
+            self.params(k)
+        )
+    }
+}
+
+impl Cuda {
+    /// A kernel's parameter list (buffers as restricted pointers, scalars by value); also
+    /// the signature of the CUDA-text kernels that share an IR kernel's contract.
+    pub(crate) fn params(&self, k: &Kernel) -> String {
         let params: Vec<String> = k
             .params
             .iter()
@@ -182,15 +199,6 @@ impl Dialect for Cuda {
                 }
             })
             .collect();
-        let out = self.ident(k.out().0);
-        // Serial kernels: one thread computes the item, the others leave at once.
-        let threads = if parallel { "" } else { "    if (threadIdx.x != 0) return;\n" };
-        format!(
-            "extern \"C\" __global__ void {}({}) {{\n{threads}    \
-             const usize item = blockIdx.x;\n    \
-             {out} += item * ({out_len});\n",
-            k.name,
-            params.join(", ")
-        )
+        params.join(", ")
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod cuda_attention;
 pub mod manifest;
 pub mod metal;
 pub mod quant;

@@ -2,23 +2,26 @@
 //! the sources and `manifest.json`; the GPU runtimes compile the same set.
 //!
 //! The set is decided from the graph alone: every op kernel of `ds4_ir::kernels::all()`
-//! that some node runs, and, per weight type that a matmul, the experts or the embedding
-//! reads, the quant kernels of that type. Small weight vectors (norm weights, biases,
-//! sinks) are de-quantized once at load and need no kernel. Output is deterministic:
-//! kernels in `kernels::all()` order, then quant types in `GgmlType` order.
+//! that some node runs, the CUDA-only kernels written as CUDA text that some node runs
+//! there (`attention_tiled`, see `cuda_attention.rs`), and, per weight type that a matmul,
+//! the experts or the embedding reads, the quant kernels of that type. Small weight
+//! vectors (norm weights, biases, sinks) are de-quantized once at load and need no kernel.
+//! Output is deterministic: kernels in `kernels::all()` order, then the CUDA-only ones,
+//! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{render, Target};
+use crate::{cuda_attention, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-/// Kernels a graph needs: op kernels by name (with the ops that run them) and quant
-/// kernels by (kind, type) (with the ops that run them).
+/// Kernels a graph needs: op kernels by name, CUDA-only kernels by name (generated for
+/// the CUDA targets alone) and quant kernels by (kind, type), each with the ops that run it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KernelSet {
     pub ops: BTreeMap<String, BTreeSet<&'static str>>,
+    pub cuda: BTreeMap<&'static str, BTreeSet<&'static str>>,
     pub quant: BTreeMap<(QuantKernelKind, GgmlType), BTreeSet<&'static str>>,
 }
 
@@ -57,6 +60,16 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
     }
 }
 
+/// The CUDA-only kernels (CUDA text with an op kernel's contract) a CUDA target runs for
+/// `op`, besides or in place of [`op_kernels`].
+pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
+    match op {
+        // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims).
+        Op::Attention { .. } => &[cuda_attention::NAME],
+        _ => &[],
+    }
+}
+
 impl KernelSet {
     /// Every kernel `graph` runs.
     pub fn for_graph(graph: &Graph) -> KernelSet {
@@ -65,6 +78,9 @@ impl KernelSet {
             let node = graph.node(id);
             for k in op_kernels(&node.op) {
                 set.ops.entry(k.to_string()).or_default().insert(node.op.name());
+            }
+            for &k in cuda_kernels(&node.op) {
+                set.cuda.entry(k).or_default().insert(node.op.name());
             }
             let weight_inputs: &[usize] = match node.op {
                 Op::Embed => &[1],
@@ -101,12 +117,26 @@ impl KernelSet {
         for k in ds4_ir::kernels::all() {
             set.ops.insert(k.name.clone(), BTreeSet::new());
         }
+        set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
                 set.quant.insert((kind, t), BTreeSet::new());
             }
         }
         set
+    }
+
+    /// Adds `other`'s kernels (and the ops that run them) to this set.
+    pub fn extend(&mut self, other: KernelSet) {
+        for (k, ops) in other.ops {
+            self.ops.entry(k).or_default().extend(ops);
+        }
+        for (k, ops) in other.cuda {
+            self.cuda.entry(k).or_default().extend(ops);
+        }
+        for (k, ops) in other.quant {
+            self.quant.entry(k).or_default().extend(ops);
+        }
     }
 }
 
@@ -127,6 +157,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         let file = format!("{}.{ext}", k.name);
         files.push(SourceFile { file: file.clone(), source: render(&k, target) });
         entries.push(op_entry(&k, ops, &file, target));
+    }
+    // The CUDA-only kernels (attention_tiled so far; other targets have none).
+    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention::NAME), cuda_attention::source(target)) {
+        let file = format!("{}.{ext}", cuda_attention::NAME);
+        files.push(SourceFile { file: file.clone(), source });
+        entries.push(tiled_attention_entry(ops, &file));
     }
     for ((kind, t), ops) in &set.quant {
         if !kind.available(target) {
@@ -185,7 +221,8 @@ fn op_launch(k: &Kernel, target: Target) -> String {
     }
 }
 
-fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
+/// A kernel's element types and parameters, as JSON lists.
+fn params_json(k: &Kernel) -> (String, String) {
     let mut params = Vec::new();
     let mut dtypes = BTreeSet::new();
     for p in &k.params {
@@ -199,17 +236,36 @@ fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target
         };
         params.push(format!("{}: {t}", p.name));
     }
+    (json_list(dtypes.into_iter()), json_list(params.iter().map(|s| s.as_str())))
+}
+
+fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
+    let (dtypes, params) = params_json(k);
     let mut s = String::new();
     let _ = write!(
         s,
-        "    {{\"name\": \"{}\", \"kind\": \"op\", \"file\": \"{file}\", \"ops\": {}, \"dtypes\": {}, \"params\": {}, \"launch\": {}, \"shared_mem_bytes\": 0}}",
+        "    {{\"name\": \"{}\", \"kind\": \"op\", \"file\": \"{file}\", \"ops\": {}, \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {}, \"shared_mem_bytes\": 0}}",
         k.name,
         json_list(ops.iter().copied()),
-        json_list(dtypes.into_iter()),
-        json_list(params.iter().map(|s| s.as_str())),
         op_launch(k, target)
     );
     s
+}
+
+/// `attention_tiled`: `attention_partial`'s parameters and output, its own launch.
+fn tiled_attention_entry(ops: &BTreeSet<&'static str>, file: &str) -> String {
+    let contract = cuda_attention::contract();
+    let (dtypes, params) = params_json(&contract);
+    format!(
+        "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}}}, \"shared_mem_bytes\": {}}}",
+        cuda_attention::NAME,
+        json_list(ops.iter().copied()),
+        contract.name,
+        cuda_attention::TILE_HEADS,
+        cuda_attention::THREADS,
+        cuda_attention::MAX_HD,
+        cuda_attention::SHARED_BYTES
+    )
 }
 
 fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {

@@ -18,6 +18,11 @@ fn cuda_sm120_snapshots() {
 }
 
 #[test]
+fn cuda_attention_tiled_snapshot() {
+    insta::assert_snapshot!("cuda_sm90_attention_tiled", ds4_codegen::cuda_attention::source(Target::CudaSm90).unwrap());
+}
+
+#[test]
 fn wgsl_snapshots() {
     for name in ["rms_norm", "rope", "attention_partial"] {
         insta::assert_snapshot!(format!("wgsl_{name}"), render(&kernel(name), Target::Wgsl));

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use std::sync::Arc;
 
 struct Rng(u64);
@@ -69,31 +69,9 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             (t * heads, vec![F(r.floats(t * heads * hd, -3.0, 3.0)), F(r.floats(n_rot / 2, 0.0, 1.0)), U(heads), U(hd), U(n_rot), U(r.range(0, 100)), U(r.range(1, 5)), S(sign)])
         }
         "attention_partial" => {
-            let (heads, hd, pos0, nc) = (r.range(1, 4), r.range(1, 17), r.range(0, 20), r.range(1, 6));
-            let win_pos0 = r.range(0, pos0 + 1);
-            let n_win = pos0 + t - win_pos0;
-            let (n_comp, k_sel) = (r.range(0, 7), r.range(1, 5));
-            let sel: Vec<i32> = (0..t * k_sel).map(|_| r.range(0, n_comp + 1) as i32 - 1).collect();
-            let args = vec![
-                F(r.floats(t * heads * hd, -1.0, 1.0)),
-                F(r.floats(n_win.max(1) * hd, -1.0, 1.0)),
-                F(r.floats(n_comp.max(1) * hd, -1.0, 1.0)),
-                I(sel),
-                F(r.floats(heads, -1.0, 1.0)),
-                U(heads),
-                U(hd),
-                U(pos0),
-                U(win_pos0),
-                U(n_win),
-                U(r.range(1, 10)),
-                U(n_comp),
-                U(r.range(0, 3)),
-                U(r.range(1, 5)),
-                U(k_sel),
-                S(r.uniform(0.1, 1.0) as f32 as f64),
-                U(nc),
-            ];
-            (t * heads * nc, args)
+            let (heads, hd, nc) = (r.range(1, 4), r.range(1, 17), r.range(1, 6));
+            let shape = AttnShape::random(r, t, heads, hd, 10, nc);
+            attention_args(r, &shape)
         }
         "attention_merge" => {
             let (heads, hd, nc) = (r.range(1, 4), r.range(1, 17), r.range(1, 6));
@@ -178,6 +156,71 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
     }
 }
 
+/// The shape of an `attention_partial` case (the kernel's scalar parameters).
+struct AttnShape {
+    t: usize,
+    heads: usize,
+    hd: usize,
+    pos0: usize,
+    win_pos0: usize,
+    window: usize,
+    n_comp: usize,
+    comp_mode: usize,
+    ratio: usize,
+    k_sel: usize,
+    nc: usize,
+}
+
+impl AttnShape {
+    /// A random shape whose row lists grow with `rows`: positions below 2·rows, windows
+    /// below rows, up to 2/3·rows compressed rows and rows/2 picks, any comp mode.
+    fn random(r: &mut Rng, t: usize, heads: usize, hd: usize, rows: usize, nc: usize) -> AttnShape {
+        let pos0 = r.range(0, 2 * rows);
+        AttnShape {
+            t,
+            heads,
+            hd,
+            pos0,
+            win_pos0: r.range(0, pos0 + 1),
+            window: r.range(1, rows),
+            n_comp: r.range(0, rows * 2 / 3 + 1),
+            comp_mode: r.range(0, 3),
+            ratio: r.range(1, 5),
+            k_sel: r.range(1, rows / 2),
+            nc,
+        }
+    }
+}
+
+/// Random inputs of shape `s`: queries, window rows (positions `win_pos0 .. pos0 + t`),
+/// compressed rows, picks (a quarter of them -1, unused) and sinks. Returns (items, args).
+fn attention_args(r: &mut Rng, s: &AttnShape) -> (usize, Vec<A>) {
+    use A::*;
+    let n_win = s.pos0 + s.t - s.win_pos0;
+    let sel: Vec<i32> = (0..s.t * s.k_sel).map(|_| if s.n_comp == 0 || r.next().is_multiple_of(4) { -1 } else { r.range(0, s.n_comp) as i32 }).collect();
+    let args = vec![
+        F(r.floats(s.t * s.heads * s.hd, -1.0, 1.0)),
+        F(r.floats(n_win.max(1) * s.hd, -1.0, 1.0)),
+        F(r.floats(s.n_comp.max(1) * s.hd, -1.0, 1.0)),
+        I(sel),
+        F(r.floats(s.heads, -1.0, 1.0)),
+        U(s.heads),
+        U(s.hd),
+        U(s.pos0),
+        U(s.win_pos0),
+        U(n_win),
+        U(s.window),
+        U(s.n_comp),
+        U(s.comp_mode),
+        U(s.ratio),
+        U(s.k_sel),
+        // About 1/√hd, as the model's: logits of a few units, whatever hd.
+        S((r.uniform(0.5, 2.0) / (s.hd as f64).sqrt()) as f32 as f64),
+        U(s.nc),
+    ];
+    (s.t * s.heads * s.nc, args)
+}
+
 fn device() -> Option<Arc<Device>> {
     if let Some(why) = skip_reason() {
         say(&why);
@@ -200,6 +243,12 @@ fn error_floor(kernel: &str) -> f64 {
 }
 
 fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
+    run_case_on(dev, ks.get(&k.name).unwrap(), items, k, items, args)
+}
+
+/// `run_case` with `gpu`, launched over `blocks` blocks, for kernel `k`'s reference: a
+/// kernel with `k`'s parameters and output but its own launch.
+fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
     let kargs: Vec<KArg<'_, f64>> = args
         .iter()
         .map(|a| match a {
@@ -236,18 +285,17 @@ fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A
             (A::B(v), _) => Arg::Bool(*v),
         });
     }
-    let loaded = ks.get(&k.name).unwrap();
     // Kernels that may spread an item over several blocks run with 1 to 3 of them (the
     // item count decides, so that cases vary).
-    let splits = if loaded.splits_items { 1 + items % 3 } else { 1 };
-    launch(dev, &loaded.func, (items as u32, splits as u32, 1), (loaded.threads, 1, 1), &dargs).unwrap();
+    let splits = if gpu.splits_items { 1 + items % 3 } else { 1 };
+    launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (gpu.threads, 1, 1), &dargs).unwrap();
     dev.synchronize().unwrap();
     let (_, elem) = k.out();
     match elem {
         Elem::F => {
             let gpu: Vec<f32> = out.read(n_out).unwrap();
             let mut want = vec![0f64; n_out];
-            kir_eval::eval(k, items, Out::F(&mut want), &kargs);
+            eval_on_all_cores(k, len, &mut want, &kargs);
             let scale = want.iter().filter(|v| v.is_finite()).fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
             let mut bad = 0;
             let mut worst = 0f64;
@@ -271,6 +319,25 @@ fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A
             (n_out, bad, bad as f64)
         }
     }
+}
+
+/// `kir_eval` of every item of `out` (`len` values each), the items spread over the
+/// host's cores: the full-size attention cases interpret ~10^8 operations.
+fn eval_on_all_cores(k: &Kernel, len: usize, out: &mut [f64], kargs: &[KArg<'_, f64>]) {
+    if len == 0 {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = (out.len() / len).div_ceil(cores).max(1);
+    std::thread::scope(|s| {
+        for (c, part) in out.chunks_mut(per * len).enumerate() {
+            s.spawn(move || {
+                for (i, o) in part.chunks_mut(len).enumerate() {
+                    kir_eval::eval_item(k, c * per + i, Out::F(o), kargs);
+                }
+            });
+        }
+    });
 }
 
 #[test]
@@ -300,6 +367,88 @@ fn every_op_kernel_matches_its_f64_reference() {
         }
     }
     assert!(failures.is_empty(), "kernels off their f64 reference: {failures:?}");
+}
+
+/// `attention_tiled` (16 heads per block) against the f64 `attention_partial` whose
+/// contract it shares: random cases (head counts not multiples of 16, widths from 1 to
+/// 512, lists long enough for several tiles and ring refills, every comp mode, -1 picks,
+/// several chunks), then the full-size shape.
+#[test]
+fn attention_tiled_matches_the_attention_partial_reference() {
+    let Some(dev) = device() else { return };
+    let set = KernelSet { cuda: [(cuda_attention::NAME, Default::default())].into(), ..Default::default() };
+    let ks = Kernels::compile(&dev, &set).expect("attention_tiled compiles with NVRTC");
+    let tiled = ks.get(cuda_attention::NAME).unwrap();
+    let k = ds4_ir::kernels::attention::attention_partial_kir();
+    let seed = seed();
+    let mut r = Rng(seed);
+    let f = &tiled.func;
+    let (regs, local, shared) = (f.num_regs().unwrap(), f.local_size_bytes().unwrap(), f.shared_size_bytes().unwrap());
+    let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(tiled.threads, 0, None).unwrap();
+    println!("attention_tiled on {} (seed {seed}): {regs} registers, {local} bytes of local memory (spills), {shared} bytes shared, {per_sm} blocks per SM", dev.name);
+    let mut failures = Vec::new();
+    let mut check = |label: String, s: &AttnShape, r: &mut Rng| {
+        let (items, args) = attention_args(r, s);
+        let (n, bad, worst) = run_case_on(&dev, tiled, cuda_attention::blocks(s.t, s.heads, s.nc), &k, items, &args);
+        println!("{label:<44} {n:>9} values {bad:>5} mismatches, worst rel {worst:.2e}{}", if bad > 0 { "  FAIL" } else { "" });
+        if bad > 0 {
+            failures.push(label);
+        }
+    };
+    for _ in 0..40 {
+        let hd = [1, 5, 16, 64, 300, 512][r.range(0, 6)];
+        let rows = if hd >= 300 { r.range(10, 60) } else { r.range(10, 400) };
+        let (t, heads, nc) = (r.range(1, 5), r.range(1, 40), r.range(1, 6));
+        let s = AttnShape::random(&mut r, t, heads, hd, rows, nc);
+        check(format!("t {} heads {} hd {} mode {} nc {} ({} rows)", s.t, s.heads, s.hd, s.comp_mode, s.nc, rows), &s, &mut r);
+    }
+    // DS4-Flash: 64 heads of 512, 128 window rows and 512 compressed rows per token.
+    for (comp_mode, nc) in [(2, 1), (1, 1), (2, 3)] {
+        let s = AttnShape { t: 3, heads: 64, hd: 512, pos0: 2045, win_pos0: 1918, window: 128, n_comp: 512, comp_mode, ratio: 4, k_sel: 512, nc };
+        check(format!("full size: mode {comp_mode} nc {nc}"), &s, &mut r);
+    }
+    assert!(failures.is_empty(), "attention_tiled off the reference: {failures:?}");
+}
+
+/// One CSA layer of a 2048-token prefill at full size (64 heads of 512; per token up to
+/// 128 window rows and the indexer's 512 picks, -1 past the (t + 1) / 4 rows that exist):
+/// the time of attention_tiled and of the generated attention_partial (nc = 1, as the
+/// runtime launches both at this size), and how far apart their results are.
+#[test]
+fn attention_tiled_time_at_full_size_prefill() {
+    let Some(dev) = device() else { return };
+    let set = KernelSet { ops: [("attention_partial".to_string(), Default::default())].into(), cuda: [(cuda_attention::NAME, Default::default())].into(), ..Default::default() };
+    let ks = Kernels::compile(&dev, &set).expect("attention kernels compile with NVRTC");
+    let (t, heads, hd, window, n_comp, k_sel) = (2048usize, 64usize, 512usize, 128usize, 512usize, 512usize);
+    let mut r = Rng(seed());
+    let f32s = |r: &mut Rng, n: usize| -> Vec<f32> { r.floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect() };
+    let (q, win, comp, sinks) = (f32s(&mut r, t * heads * hd), f32s(&mut r, t * hd), f32s(&mut r, n_comp * hd), f32s(&mut r, heads));
+    let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % k_sel < (i / k_sel + 1) / 4 { r.range(0, (i / k_sel + 1) / 4) as i32 } else { -1 }).collect();
+    let (qb, wb, cb, sb, selb) = (dev.upload(&q).unwrap(), dev.upload(&win).unwrap(), dev.upload(&comp).unwrap(), dev.upload(&sinks).unwrap(), dev.upload(&sel).unwrap());
+    let rows: usize = (0..t).map(|p| (p + 1).min(window) + ((p + 1) / 4).min(k_sel)).sum();
+    let flops = (rows * heads * 4 * hd) as f64;
+    let u = |v: usize| Arg::U64(v as u64);
+    let mut results = Vec::new();
+    for (name, blocks) in [(cuda_attention::NAME, cuda_attention::blocks(t, heads, 1)), ("attention_partial", t * heads)] {
+        let k = ks.get(name).unwrap();
+        let out = dev.alloc(t * heads * (hd + 2) * 4).unwrap();
+        let scale = Arg::F32(1.0 / (hd as f32).sqrt());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(cb.ptr), Arg::Ptr(selb.ptr), Arg::Ptr(sb.ptr), u(heads), u(hd), u(0), u(0), u(t), u(window), u(n_comp), u(2), u(4), u(k_sel), scale, u(1)];
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            dev.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), &args).unwrap();
+            dev.synchronize().unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!("{name:<18} {:>9.3} ms  {:>6.2} TFLOP/s ({rows} rows × {heads} heads × {hd})", best * 1e3, flops / best / 1e12);
+        results.push(out.read::<f32>(t * heads * (hd + 2)).unwrap());
+    }
+    let scale = results[1].iter().filter(|v| v.is_finite()).fold(0f64, |m, &v| m.max(v.abs() as f64));
+    let worst = results[0].iter().zip(&results[1]).filter(|(_, w)| w.is_finite()).map(|(&g, &w)| (g as f64 - w as f64).abs() / (w.abs() as f64).max(1e-3 * scale)).fold(0f64, f64::max);
+    println!("attention_tiled vs attention_partial: worst relative difference {worst:.2e}");
+    assert!(worst < 1e-3, "the two attention kernels disagree at full size: {worst:.2e}");
 }
 
 #[test]

@@ -2,12 +2,15 @@
 //! NVRTC, into loaded functions with their parameter lists.
 //!
 //! The sources are exactly what `ds4 gen --target cuda-sm90|cuda-sm120` writes (the same
-//! `ds4_codegen::manifest` set). Compiled without FMA contraction: quant de-quantization
-//! stays bit-identical to the CPU's, and op kernels round like the CPU's f32 code.
+//! `ds4_codegen::manifest` set: op kernels, the CUDA-only `attention_tiled`, quant
+//! kernels). Compiled without FMA contraction: quant de-quantization stays bit-identical
+//! to the CPU's, and op kernels round like the CPU's f32 code (explicit `fmaf`, as in
+//! `attention_tiled`, still fuses).
 
 use super::device::{CudaError, Device};
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use ds4_codegen::cuda_attention;
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -101,6 +104,10 @@ impl Kernels {
                     splits_items: ds4_codegen::splits_items(&k, target),
                 });
             }
+        }
+        if set.cuda.contains_key(cuda_attention::NAME) {
+            let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
+            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, threads: cuda_attention::THREADS });
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {

@@ -13,6 +13,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
+use ds4_codegen::cuda_attention;
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -479,14 +480,26 @@ impl GpuExecutor<'_> {
                         ("k_sel", u(k_sel)),
                         ("scale", fl(scale)),
                     ];
-                    // Each item's rows in `nc` chunks, then the merge: few items (decode) get
-                    // more chunks, so that the launch has ~4 blocks per SM.
-                    let items = n_out / hd;
-                    let nc = (ATTENTION_BLOCKS_PER_SM * self.dev.sms / items.max(1)).clamp(1, 32);
+                    // Each item's rows in `nc` chunks, then the merge: few blocks (decode) get
+                    // more chunks, so that the launch has ~4 blocks per SM. attention_tiled
+                    // serves 16 heads of a token per block, holding their Q and O in
+                    // registers; heads wider than MAX_HD take the generated attention_partial
+                    // (a block per head).
+                    let (items, tokens) = (n_out / hd, shape[0]);
+                    let tiled = hd <= cuda_attention::MAX_HD && self.kernels.by_name.contains_key(cuda_attention::NAME);
+                    let blocks = if tiled { cuda_attention::blocks(tokens, heads, 1) } else { items };
+                    let nc = (ATTENTION_BLOCKS_PER_SM * self.dev.sms / blocks.max(1)).clamp(1, 32);
                     let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
                     pnamed.push(("nc", u(nc)));
-                    let part = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)?;
-                    let GVal::F(part) = part else { unreachable!() };
+                    let part = if tiled {
+                        let part = self.dev.alloc(items * nc * (hd + 2) * 4)?;
+                        pnamed.push(("out", Arg::Ptr(part.ptr)));
+                        self.call(cuda_attention::NAME, (cuda_attention::blocks(tokens, heads, nc) as u32, 1), &pnamed)?;
+                        DevSlice::whole(part, items * nc * (hd + 2))
+                    } else {
+                        let GVal::F(part) = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)? else { unreachable!() };
+                        part
+                    };
                     self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };

@@ -50,9 +50,7 @@ impl<'m> CudaBackend<'m> {
         }
         let dev = Device::open()?;
         let mut set = KernelSet::for_graph(&model.graph);
-        for (k, ops) in KernelSet::for_graph(&model.graph_plain).ops {
-            set.ops.entry(k).or_default().extend(ops);
-        }
+        set.extend(KernelSet::for_graph(&model.graph_plain));
         let kernels = Kernels::compile(&dev, &set)?;
         let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate)?;
         let dummy = dev.alloc(16)?;
