@@ -138,7 +138,7 @@ status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
     echo "ds4 gpu-check on $(head -1 "$OUT/device.txt")"
     echo "-----------------------------------------------------------------"
     sed -n '/^kernel /,/^hadamard_fp4/p' "$OUT/kernels.log"
-    grep -E "dequant_rows bit-exact|aligned matvec" "$OUT/kernels.log"
+    grep -E "dequant_rows bit-exact|aligned matvec|attention_tiled" "$OUT/kernels.log"
     grep -oE "(cuda tiny|cpu vs cuda).*" "$OUT/golden.log"
     grep -E "^== |^[0-9]+," "$OUT/bench.log"
     grep -E "^what,|,(matvec|matmul)_" "$OUT/kbench.log"
