@@ -29,7 +29,7 @@ mod cuda_mma;
 mod metal;
 mod runs;
 
-pub use cuda_matvec::MATVEC_WARPS;
+pub use cuda_matvec::{MATVEC_WARPS, SPLIT_BELOW as MATVEC_SPLIT_BELOW};
 pub use cuda_mma::{MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 

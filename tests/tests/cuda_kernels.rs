@@ -577,10 +577,14 @@ fn matvec_on_aligned_rows_with_picks() {
         // one 4 KiB chunk.
         let bb = t.bytes_for(t.block_elems() as u64).unwrap() as usize;
         let unit = 16 / gcd(bb, 16);
-        let k = t.block_elems() * unit * if r.next() % 2 == 0 { r.range(1, 4) } else { 4096 / (t.block_elems() * unit) + r.range(1, 3) };
+        // Few rows (a block per row: its warps share the chunks) or many (a warp per row,
+        // next chunk prefetched): the kernel picks by n · tokens (MATVEC_SPLIT_BELOW).
+        let many = r.next() % 2 == 0;
+        let k = t.block_elems() * unit * if many || r.next() % 2 == 0 { r.range(1, 3) } else { 4096 / (t.block_elems() * unit) + r.range(1, 3) };
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         assert_eq!(rb % 16, 0);
-        let (experts, n, tokens, picks) = (r.range(1, 5), r.range(1, 70), r.range(1, 3), r.range(1, 4));
+        let n = if many { ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64) } else { r.range(1, 70) };
+        let (experts, tokens, picks) = (r.range(1, 5), r.range(1, 3), r.range(1, 4));
         let src: Vec<f32> = r.floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
         let mut bytes = vec![0u8; experts * n * rb];
         for i in 0..experts * n {

@@ -17,7 +17,9 @@
 //! aligned (odd shapes of the tiny test models) take a plain loop with byte copies.
 //!
 //! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes rows b·WARPS + w,
-//! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row).
+//! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row). A mat-vec with few
+//! rows (n · m below [`SPLIT_BELOW`]) instead gives each block one row at a time, its
+//! warps sharing the row's chunks.
 
 use super::runs::{Token, Walk};
 use super::{Lower, QuantGenError};
@@ -34,6 +36,9 @@ pub fn chunk_bytes(block_bytes: u64) -> u64 {
     let unit = lcm(block_bytes, 16);
     (2048 / unit).max(1) * unit
 }
+
+/// Below this many rows (times blocks along y), a block of warps shares each row.
+pub const SPLIT_BELOW: u64 = 4096;
 
 /// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 32 warps, each with
 /// a chunk's loads in flight, keep the memory system busy (measured on the H200 with 6
@@ -106,6 +111,59 @@ impl Lower<'_> {
                 w(depth, &l);
             }
         };
+        // Few rows (n · gridDim.y below SPLIT_BELOW): a block per row, its warps sharing
+        // the row's chunks (warp w takes jobs w, w + 4, ..), their sums added through
+        // shared memory. A warp per row would leave most of the GPU idle (the
+        // hyper-connection and router mat-vecs have 24-256 rows of up to 32 KiB).
+        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
+        for l in [
+            format!("__shared__ float ds4_red4[{wa}];"),
+            "for (unsigned long long row = ds4_bx; row < n; row += row_blocks) {".into(),
+            "    float sacc = 0.0f;".into(),
+            format!("    for (unsigned int job = (unsigned int)warp; job < (unsigned int)row_jobs; job += {wa}u) {{"),
+            "        const unsigned long long jp = job / n_chunks;".into(),
+            format!("        const unsigned long long c0 = (unsigned long long)(job % n_chunks) * {chunk}ull;"),
+            "        const unsigned long long p = ds4_by * picks + jp;".into(),
+            "        const int pick = has_sel != 0ull ? ds4_sel[p] : 0;".into(),
+            "        const unsigned long long ex = pick >= 0 ? (unsigned long long)pick : 0ull;".into(),
+            "        const unsigned long long src = (ex * n + row) * row_bytes + c0;".into(),
+            format!("        const unsigned int len = (unsigned int)(row_bytes - c0 < {chunk}ull ? row_bytes - c0 : {chunk}ull);"),
+            "        if (vectors) {".into(),
+            "            const uint4* __restrict__ s4 = (const uint4*)(ds4_w + src);".into(),
+            "            uint4* d4 = (uint4*)ds4_stage_w;".into(),
+            "            for (unsigned int i = lane; i < (len >> 4); i += 32u) d4[i] = s4[i];".into(),
+            "        } else {".into(),
+            "            for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];".into(),
+            "        }".into(),
+            "        __syncwarp();".into(),
+            "        const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".into(),
+            format!("        const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
+            format!("        const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
+            "        float part = 0.0f;".into(),
+        ] {
+            w(1, &l);
+        }
+        let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
+        let staged = Lower { wbuf: "ds4_stage_w", ..*self };
+        for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
+            w(3 + d, &l);
+        }
+        for l in [
+            "        __syncwarp();",
+            "        if (pick >= 0) { sacc = sacc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }",
+            "    }",
+            "    for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);",
+            "    if (lane == 0u) ds4_red4[warp] = sacc;",
+            "    __syncthreads();",
+        ] {
+            w(1, l);
+        }
+        let total: Vec<String> = (0..wa).map(|i| format!("ds4_red4[{i}]")).collect();
+        w(2, &format!("if (ds4_tid == 0ull) {{ {}[ds4_by * n + row] = {}; }}", s.buffer("out"), total.join(" + ")));
+        w(2, "__syncthreads();");
+        w(1, "}");
+        w(1, "return;");
+        w(1, "}");
         w(1, "if (vectors && jobs > 0ull) {");
         // Job 0's bytes into registers.
         w(2, "{");

@@ -529,7 +529,9 @@ impl GpuExecutor<'_> {
 /// (`MATVEC_WARPS` rows per block), but for types with tables (staged in shared memory
 /// once per block) about 8 blocks per SM, each looping over its rows.
 pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, sms: usize) -> usize {
-    let blocks = n.div_ceil(ds4_codegen::quant::MATVEC_WARPS as usize);
+    // Few rows: a block per row (its warps share the row; see `quant/cuda_matvec.rs`).
+    let rows_per_block = if ((n * m) as u64) < ds4_codegen::quant::MATVEC_SPLIT_BELOW { 1 } else { ds4_codegen::quant::MATVEC_WARPS as usize };
+    let blocks = n.div_ceil(rows_per_block);
     if ds4_ir::quant::spec(ty).is_some_and(|s| !s.tables.is_empty()) {
         blocks.min((8 * sms / m.max(1)).max(1))
     } else {
