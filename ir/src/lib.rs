@@ -5,6 +5,7 @@ pub mod graph;
 pub mod kernels;
 pub mod op;
 pub mod real;
+pub mod rng;
 pub mod shape;
 pub use dtype::{DType, GgmlType};
 pub use graph::{Graph, NodeId};

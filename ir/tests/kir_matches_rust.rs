@@ -10,30 +10,7 @@ use ds4_ir::kir::Kernel;
 use ds4_ir::kir_eval::{self, Arg, Out};
 use std::collections::BTreeSet;
 
-/// xorshift64*: deterministic inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `lo..hi` (usize).
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo) as u64) as usize
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn floats(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-    fn coin(&mut self, p: f64) -> bool {
-        self.uniform(0.0, 1.0) < p
-    }
-}
+use ds4_ir::rng::Rng;
 
 /// An owned argument.
 enum A {

@@ -154,22 +154,7 @@ mod tests {
     use crate::state::RowLog;
     use ds4_ir::kernels::compress;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn range(&mut self, lo: usize, hi: usize) -> usize {
-            lo + (self.next() % (hi - lo) as u64) as usize
-        }
-        /// f32-representable values, so that f32 and f64 see the same inputs.
-        fn floats(&mut self, n: usize) -> Vec<f64> {
-            (0..n).map(|_| ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32 as f64).collect()
-        }
-    }
+use ds4_ir::rng::Rng;
 
     fn same(a: &[f64], b: &[f64]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -189,7 +174,7 @@ mod tests {
             let first = lowest - r.range(0, 4).min(lowest);
             let (slots, cw) = (pool_slots(ratio, overlap), if overlap { 2 * wd } else { wd });
             let tokens = (first_row + n_rows) * ratio - first;
-            let (kv, gate, ape) = (r.floats(tokens * cw), r.floats(tokens * cw), r.floats(ratio * cw));
+            let (kv, gate, ape) = (r.f32_floats(tokens * cw, -2.0, 2.0), r.f32_floats(tokens * cw, -2.0, 2.0), r.f32_floats(ratio * cw, -2.0, 2.0));
             let want = compress_gather(&PoolLogs { kv: &kv[..], gate: &gate[..], first, first_row, n_rows }, &ape, ratio, overlap, wd);
             assert_eq!(want.slots, slots);
             let per_row = slots * wd;
@@ -227,11 +212,11 @@ mod tests {
             let bind = Bind { pos0, tokens: t };
             let mut r = Rng(seed);
             let mut outs = Vec::new();
-            let x = r.floats(t * WD);
+            let x = r.f32_floats(t * WD, -2.0, 2.0);
             outs.push(rows_of(window_kv(state, 0, self.window, WD, src(&x), bind, "win").map_err(|e| e.to_string())?));
             for (c, &(ratio, overlap)) in self.ratios.iter().enumerate() {
                 let cw = if overlap { 2 * WD } else { WD };
-                let (kvc, gc, ape) = (r.floats(t * cw), r.floats(t * cw), r.floats(ratio * cw));
+                let (kvc, gc, ape) = (r.f32_floats(t * cw, -2.0, 2.0), r.f32_floats(t * cw, -2.0, 2.0), r.f32_floats(ratio * cw, -2.0, 2.0));
                 let n_rows = (pos0 + t) / ratio - pos0 / ratio;
                 let (kv, gate, first, first_row) = {
                     let logs = compress_log(state, 1 + 2 * c, ratio, overlap, cw, src(&kvc), src(&gc), n_rows, bind, "pool").map_err(|e| e.to_string())?;
@@ -239,7 +224,7 @@ mod tests {
                 };
                 let p = compress_gather(&PoolLogs { kv: &kv[..], gate: &gate[..], first, first_row, n_rows }, &ape, ratio, overlap, WD);
                 outs.push([p.kv, p.gate].concat());
-                let pooled = r.floats(n_rows * WD);
+                let pooled = r.f32_floats(n_rows * WD, -2.0, 2.0);
                 outs.push(rows_of(row_cache(state, 2 + 2 * c, ratio, WD, src(&pooled), bind, "cache").map_err(|e| e.to_string())?));
             }
             state.trim(pos0 + t);

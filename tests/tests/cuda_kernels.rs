@@ -11,25 +11,7 @@ use ds4_ir::kir_eval::{self, Arg as KArg, Out};
 use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use std::sync::Arc;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo) as u64) as usize
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// f32-representable values, so both sides see identical inputs.
-    fn floats(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(lo, hi) as f32 as f64).collect()
-    }
-}
+use ds4_ir::rng::Rng;
 
 /// A line that shows even under the test harness's output capture (which only takes
 /// `print!`/`eprint!`), so a CI log says the GPU tests were skipped.
@@ -59,14 +41,14 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
     let t = r.range(1, 6);
     let n = r.range(1, 64);
     match name {
-        "rms_norm" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), F(r.floats(n, -2.0, 2.0)), U(n), S(1e-6)]),
-        "rms_norm_plain" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), U(n), S(1e-6)]),
-        "add" => (t, vec![F(r.floats(t * n, -3.0, 3.0)), F(r.floats(t * n, -3.0, 3.0)), U(n)]),
+        "rms_norm" => (t, vec![F(r.f32_floats(t * n, -3.0, 3.0)), F(r.f32_floats(n, -2.0, 2.0)), U(n), S(1e-6)]),
+        "rms_norm_plain" => (t, vec![F(r.f32_floats(t * n, -3.0, 3.0)), U(n), S(1e-6)]),
+        "add" => (t, vec![F(r.f32_floats(t * n, -3.0, 3.0)), F(r.f32_floats(t * n, -3.0, 3.0)), U(n)]),
         "rope" => {
             let (heads, n_rot) = (r.range(1, 4), 2 * r.range(0, 9));
             let hd = n_rot + r.range(0, 8);
             let sign = if r.next() % 2 == 0 { 1.0 } else { -1.0 };
-            (t * heads, vec![F(r.floats(t * heads * hd, -3.0, 3.0)), F(r.floats(n_rot / 2, 0.0, 1.0)), U(heads), U(hd), U(n_rot), U(r.range(0, 100)), U(r.range(1, 5)), S(sign)])
+            (t * heads, vec![F(r.f32_floats(t * heads * hd, -3.0, 3.0)), F(r.f32_floats(n_rot / 2, 0.0, 1.0)), U(heads), U(hd), U(n_rot), U(r.range(0, 100)), U(r.range(1, 5)), S(sign)])
         }
         "attention_partial" => {
             let (heads, hd, nc) = (r.range(1, 4), r.range(1, 17), r.range(1, 6));
@@ -84,7 +66,7 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let gate: Vec<f64> = (0..t * slots * w).map(|i| if i % 7 == 3 { f64::NEG_INFINITY } else { r.uniform(-2.0, 2.0) as f32 as f64 }).collect();
             // Keep at least one live slot per channel: slot 0 always finite.
             let gate: Vec<f64> = gate.iter().enumerate().map(|(i, &g)| if (i / w) % slots == 0 && g.is_infinite() { 0.5 } else { g }).collect();
-            (t, vec![F(r.floats(t * slots * w, -2.0, 2.0)), F(gate), U(slots), U(w)])
+            (t, vec![F(r.f32_floats(t * slots * w, -2.0, 2.0)), F(gate), U(slots), U(w)])
         }
         "compress_gather" => {
             // HCA or CSA logs of tokens `first ..`; new rows from row 0 or later.
@@ -96,20 +78,20 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let first = lowest - r.range(0, 4).min(lowest);
             let cw = slots / ratio * w;
             let tokens = (first_row + n_rows) * ratio - first;
-            let args = vec![F(r.floats(tokens * cw, -2.0, 2.0)), F(r.floats(tokens * cw, -2.0, 2.0)), F(r.floats(ratio * cw, -1.0, 1.0)), U(n_rows), U(first_row), U(first), U(ratio), U(slots), U(w)];
+            let args = vec![F(r.f32_floats(tokens * cw, -2.0, 2.0)), F(r.f32_floats(tokens * cw, -2.0, 2.0)), F(r.f32_floats(ratio * cw, -1.0, 1.0)), U(n_rows), U(first_row), U(first), U(ratio), U(slots), U(w)];
             (2 * n_rows, args)
         }
         "indexer_head_dots" => {
             let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
-            (t * heads, vec![F(r.floats(t * heads * dk, -1.0, 1.0)), F(r.floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
+            (t * heads, vec![F(r.f32_floats(t * heads * dk, -1.0, 1.0)), F(r.f32_floats(rows.max(1) * dk, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
         }
         "indexer_combine" => {
             let (heads, dk, rows) = (r.range(1, 4), r.range(1, 16), r.range(0, 10));
-            (t, vec![F(r.floats(t * heads * rows.max(1), 0.0, 1.0)), F(r.floats(t * heads, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
+            (t, vec![F(r.f32_floats(t * heads * rows.max(1), 0.0, 1.0)), F(r.f32_floats(t * heads, -1.0, 1.0)), U(rows), U(heads), U(dk), U(r.range(0, 20)), U(r.range(1, 5))])
         }
         "moe_combine" => {
             let (k, d) = (r.range(1, 7), r.range(1, 24));
-            (t, vec![F(r.floats(t * k * d, -2.0, 2.0)), F(r.floats(t * k, 0.0, 1.0)), U(k), U(d)])
+            (t, vec![F(r.f32_floats(t * k * d, -2.0, 2.0)), F(r.f32_floats(t * k, 0.0, 1.0)), U(k), U(d)])
         }
         "top_k" => {
             let n = r.range(1, 20);
@@ -120,16 +102,16 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
             let (nh, d) = (r.range(1, 5), r.range(1, 24));
             let mw = 2 * nh + nh * nh;
             let args = match name {
-                "hc_mix" => vec![F(r.floats(t * mw, -2.0, 2.0)), F(r.floats(3, 0.5, 2.0)), F(r.floats(mw, -1.0, 1.0)), U(nh), U(r.range(1, 5)), S(1e-6)],
-                "hc_head_mix" => vec![F(r.floats(t * nh, -2.0, 2.0)), F(r.floats(1, 0.5, 2.0)), F(r.floats(nh, -1.0, 1.0)), U(nh), S(1e-6)],
-                "hc_collapse" => vec![F(r.floats(t * nh * d, -2.0, 2.0)), F(r.floats(t * mw, 0.0, 1.0)), U(nh), U(d), U(mw)],
-                "hc_expand" => vec![F(r.floats(t * d, -2.0, 2.0)), F(r.floats(t * nh * d, -2.0, 2.0)), F(r.floats(t * mw, 0.0, 1.0)), U(nh), U(d)],
-                _ => vec![F(r.floats(t * d, -2.0, 2.0)), U(nh), U(d)],
+                "hc_mix" => vec![F(r.f32_floats(t * mw, -2.0, 2.0)), F(r.f32_floats(3, 0.5, 2.0)), F(r.f32_floats(mw, -1.0, 1.0)), U(nh), U(r.range(1, 5)), S(1e-6)],
+                "hc_head_mix" => vec![F(r.f32_floats(t * nh, -2.0, 2.0)), F(r.f32_floats(1, 0.5, 2.0)), F(r.f32_floats(nh, -1.0, 1.0)), U(nh), S(1e-6)],
+                "hc_collapse" => vec![F(r.f32_floats(t * nh * d, -2.0, 2.0)), F(r.f32_floats(t * mw, 0.0, 1.0)), U(nh), U(d), U(mw)],
+                "hc_expand" => vec![F(r.f32_floats(t * d, -2.0, 2.0)), F(r.f32_floats(t * nh * d, -2.0, 2.0)), F(r.f32_floats(t * mw, 0.0, 1.0)), U(nh), U(d)],
+                _ => vec![F(r.f32_floats(t * d, -2.0, 2.0)), U(nh), U(d)],
             };
             (t, args)
         }
-        "router_scores" => (t, vec![F(r.floats(t * n, -30.0, 30.0)), U(n)]),
-        "router_biased" => (t, vec![F(r.floats(t * n, 0.0, 3.0)), F(r.floats(n, -1.0, 1.0)), U(n)]),
+        "router_scores" => (t, vec![F(r.f32_floats(t * n, -30.0, 30.0)), U(n)]),
+        "router_biased" => (t, vec![F(r.f32_floats(t * n, 0.0, 3.0)), F(r.f32_floats(n, -1.0, 1.0)), U(n)]),
         "router_hash" => {
             let (vocab, k) = (r.range(1, 40), r.range(1, 8));
             let ids = (0..t).map(|_| r.range(0, vocab) as i32).collect();
@@ -139,18 +121,18 @@ fn case(name: &str, r: &mut Rng) -> (usize, Vec<A>) {
         "router_weights" => {
             let k = r.range(1, n + 1);
             let sel = (0..t * k).map(|_| r.range(0, n) as i32).collect();
-            (t, vec![F(r.floats(t * n, 0.0, 3.0)), I(sel), U(n), U(k), S(r.uniform(0.5, 3.0) as f32 as f64), B(r.next() % 2 == 0)])
+            (t, vec![F(r.f32_floats(t * n, 0.0, 3.0)), I(sel), U(n), U(k), S(r.uniform(0.5, 3.0) as f32 as f64), B(r.next() % 2 == 0)])
         }
-        "swiglu" => (t, vec![F(r.floats(t * n, -20.0, 20.0)), F(r.floats(t * n, -20.0, 20.0)), U(n), S(7.0)]),
+        "swiglu" => (t, vec![F(r.f32_floats(t * n, -20.0, 20.0)), F(r.f32_floats(t * n, -20.0, 20.0)), U(n), S(7.0)]),
         "fp8_roundtrip" => {
             let nb = r.range(0, 4);
             let w = 64 * nb + r.range(0, 70);
             let mag = 10f64.powf(r.uniform(-4.0, 4.0));
-            (t, vec![F(r.floats(t * w.max(1), -mag, mag)), U(w), U(64 * r.range(0, nb + 1))])
+            (t, vec![F(r.f32_floats(t * w.max(1), -mag, mag)), U(w), U(64 * r.range(0, nb + 1))])
         }
         "hadamard_fp4" => {
             let mag = 10f64.powf(r.uniform(-4.0, 4.0));
-            (t, vec![F(r.floats(t * 128, -mag, mag)), B(r.next() % 10 < 7)])
+            (t, vec![F(r.f32_floats(t * 128, -mag, mag)), B(r.next() % 10 < 7)])
         }
         other => panic!("no random case for kernel {other}: add one"),
     }
@@ -199,11 +181,11 @@ fn attention_args(r: &mut Rng, s: &AttnShape) -> (usize, Vec<A>) {
     let n_win = s.pos0 + s.t - s.win_pos0;
     let sel: Vec<i32> = (0..s.t * s.k_sel).map(|_| if s.n_comp == 0 || r.next().is_multiple_of(4) { -1 } else { r.range(0, s.n_comp) as i32 }).collect();
     let args = vec![
-        F(r.floats(s.t * s.heads * s.hd, -1.0, 1.0)),
-        F(r.floats(n_win.max(1) * s.hd, -1.0, 1.0)),
-        F(r.floats(s.n_comp.max(1) * s.hd, -1.0, 1.0)),
+        F(r.f32_floats(s.t * s.heads * s.hd, -1.0, 1.0)),
+        F(r.f32_floats(n_win.max(1) * s.hd, -1.0, 1.0)),
+        F(r.f32_floats(s.n_comp.max(1) * s.hd, -1.0, 1.0)),
         I(sel),
-        F(r.floats(s.heads, -1.0, 1.0)),
+        F(r.f32_floats(s.heads, -1.0, 1.0)),
         U(s.heads),
         U(s.hd),
         U(s.pos0),
@@ -421,7 +403,7 @@ fn attention_tiled_time_at_full_size_prefill() {
     let ks = Kernels::compile(&dev, &set).expect("attention kernels compile with NVRTC");
     let (t, heads, hd, window, n_comp, k_sel) = (2048usize, 64usize, 512usize, 128usize, 512usize, 512usize);
     let mut r = Rng(seed());
-    let f32s = |r: &mut Rng, n: usize| -> Vec<f32> { r.floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect() };
+    let f32s = |r: &mut Rng, n: usize| -> Vec<f32> { r.f32_floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect() };
     let (q, win, comp, sinks) = (f32s(&mut r, t * heads * hd), f32s(&mut r, t * hd), f32s(&mut r, n_comp * hd), f32s(&mut r, heads));
     let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % k_sel < (i / k_sel + 1) / 4 { r.range(0, (i / k_sel + 1) / 4) as i32 } else { -1 }).collect();
     let (qb, wb, cb, sb, selb) = (dev.upload(&q).unwrap(), dev.upload(&win).unwrap(), dev.upload(&comp).unwrap(), dev.upload(&sinks).unwrap(), dev.upload(&sel).unwrap());
@@ -464,7 +446,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         }
         let (rows, m) = (r.range(1, 100), r.range(1, 4));
         let k = t.block_elems() * r.range(1, 5);
-        let src = r.floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let src = r.f32_floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         let mut bytes = vec![0u8; rows * rb];
         for i in 0..rows {
@@ -485,7 +467,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             exact &= gpu[j * k..(j + 1) * k].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
         }
         // matvec: m tokens against every row.
-        let x = r.floats(m * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let x = r.f32_floats(m * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let xb = dev.upload(&x).unwrap();
         let mv_out = dev.alloc(m * rows * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
@@ -512,7 +494,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         // The two prefill matmuls: SIMT (TOKENS tokens per block) and tensor cores
         // (MMA_ROWS × MMA_TOKENS tiles; used only where a tile stays in one row group).
         let m2 = r.range(2, 80);
-        let x2 = r.floats(m2 * 2 * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let x2 = r.f32_floats(m2 * 2 * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let x2b = dev.upload(&x2).unwrap();
         let (mut worst_mm, mut worst_listed) = (0f64, 0f64);
         for kind in [QuantKernelKind::MatMul, QuantKernelKind::MatMulMma] {
@@ -585,7 +567,7 @@ fn matvec_on_aligned_rows_with_picks() {
         assert_eq!(rb % 16, 0);
         let n = if many { ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64) } else { r.range(1, 70) };
         let (experts, tokens, picks) = (r.range(1, 5), r.range(1, 3), r.range(1, 4));
-        let src: Vec<f32> = r.floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
+        let src: Vec<f32> = r.f32_floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
         let mut bytes = vec![0u8; experts * n * rb];
         for i in 0..experts * n {
             ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
@@ -595,9 +577,9 @@ fn matvec_on_aligned_rows_with_picks() {
             ds4_ir::quant::dequantize_row(t, &bytes[i * rb..][..rb], &mut wrows[i * k..(i + 1) * k]).unwrap();
         }
         // x has a row per (token, pick) (x_div = 1), as the experts' gate/up mat-vec reads.
-        let x: Vec<f32> = r.floats(tokens * picks * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let x: Vec<f32> = r.f32_floats(tokens * picks * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
         let sel: Vec<i32> = (0..tokens * picks).map(|_| r.range(0, experts) as i32).collect();
-        let wts: Vec<f32> = r.floats(tokens * picks, 0.1, 1.5).iter().map(|&v| v as f32).collect();
+        let wts: Vec<f32> = r.f32_floats(tokens * picks, 0.1, 1.5).iter().map(|&v| v as f32).collect();
         let (w, xb, sb, wb) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap());
         let out = dev.alloc(tokens * n * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
