@@ -260,7 +260,9 @@ pub trait QuantSyntax {
     fn kernel_globals(&self, params: &[QParam], shared: u32) -> String;
     /// The kernel's signature, brace and prologue: defines `ds4_tid`, `ds4_bx`, `ds4_by`
     /// (Idx) and every scalar param under its name (Idx).
-    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32) -> String;
+    /// `min_blocks`: blocks per SM to compile for (a register budget), where the target
+    /// takes such a hint.
+    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32, min_blocks: Option<u32>) -> String;
     /// A workgroup barrier statement.
     fn barrier(&self) -> String;
 
@@ -370,19 +372,15 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     };
     if kind == QuantKernelKind::MatMulMma {
         src.push_str(&lower.mma_helpers());
-        src.push_str(&syn.kernel_open(&name, &params, 0));
+        src.push_str(&syn.kernel_open(&name, &params, 0, None));
         stage(&mut src);
         src.push_str(&lower.mma_body()?);
         src.push_str("}\n");
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: kind.shared_bytes(), source: src });
     }
     if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
-        // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`), compiled
-        // for MIN_BLOCKS resident blocks (a register budget).
-        let open = syn.kernel_open(&name, &params, 0);
-        let bounds = format!("__launch_bounds__({THREADS})");
-        debug_assert!(open.contains(&bounds));
-        src.push_str(&open.replacen(&bounds, &format!("__launch_bounds__({THREADS}, {})", cuda_matvec::MIN_BLOCKS), 1));
+        // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
+        src.push_str(&syn.kernel_open(&name, &params, 0, Some(cuda_matvec::MIN_BLOCKS)));
         stage(&mut src);
         src.push_str(&lower.staged_matvec_body()?);
         src.push_str("}\n");
@@ -391,7 +389,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, source: src });
     }
     src.push_str(&syn.kernel_globals(&params, shared));
-    src.push_str(&syn.kernel_open(&name, &params, shared));
+    src.push_str(&syn.kernel_open(&name, &params, shared, None));
     stage(&mut src);
     src.push_str(&lower.kernel_body(kind)?);
     src.push_str("}\n");

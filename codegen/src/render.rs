@@ -172,7 +172,6 @@ fn reads_output(k: &Kernel) -> bool {
     loads || updates(&k.body, out)
 }
 
-
 /// Renders `k` in dialect `d`.
 pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
     let parallel = runs_parallel(d, k);

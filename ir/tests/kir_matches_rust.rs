@@ -8,9 +8,8 @@
 use ds4_ir::kernels::{self, attention, compress, hc, moe, norm, rope, roundtrip};
 use ds4_ir::kir::Kernel;
 use ds4_ir::kir_eval::{self, Arg, Out};
-use std::collections::BTreeSet;
-
 use ds4_ir::rng::Rng;
+use std::collections::BTreeSet;
 
 /// An owned argument.
 enum A {

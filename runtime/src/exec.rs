@@ -353,9 +353,14 @@ impl<'a> Executor<'a> {
                 Op::CompressPool { slot, ratio, overlap, width } => {
                     let wd = *width;
                     let logs = slot_ops::compress_log(state, *slot, *ratio, *overlap, last(0), f(0), f(1), shape[0], bind, &node.label)?;
-                    let p = slot_ops::compress_gather(&logs, &vecf(2), *ratio, *overlap, wd);
+                    // The new rows' slots gathered from the logs (kv, then gate + ape), pooled.
+                    let (slots, ape) = (slot_ops::pool_slots(*ratio, *overlap), vecf(2));
+                    let per_row = slots * wd;
+                    let mut gathered = zeros::<F>(2 * logs.n_rows * per_row);
+                    launch(&mut gathered, per_row, |i, o| k::compress_gather::compress_gather(i, o, logs.kv, logs.gate, &ape, logs.n_rows, logs.first_row, logs.first, *ratio, slots, wd));
+                    let (kv, gate) = gathered.split_at(logs.n_rows * per_row);
                     let mut out = zeros::<F>(n_out);
-                    launch(&mut out, wd, |i, o| k::compress_pool::compress_pool(i, o, &p.kv, &p.gate, p.slots, wd));
+                    launch(&mut out, wd, |i, o| k::compress_pool::compress_pool(i, o, kv, gate, slots, wd));
                     Value::F(out)
                 }
                 Op::RowCache { slot, ratio } => Value::F(slot_ops::row_cache(state, *slot, *ratio, last(0), f(0), bind, &node.label)?.to_vec()),

@@ -4,13 +4,12 @@
 //! (`RowLog`), the CUDA executor's device memory (`cuda::DeviceLog`), where a batch's rows
 //! are appended by device copies and handed on as views into the log.
 //!
-//! Only the compressor's gather has two forms: [`compress_gather`] here (the CPU's), and
-//! the `compress_gather` kernel (`ds4_ir::kernels::compress`) on a GPU; the tests below
-//! hold them equal.
+//! The compressor's gather from the logs is a kernel (`ds4_ir::kernels::compress`), run
+//! by every backend; the tests below hold it to a plain loop over the logs' rows.
 
 use crate::exec::ExecError;
 use crate::state::{LogStore, SessionState, SlotState};
-use ds4_ir::{Bind, Real};
+use ds4_ir::Bind;
 
 /// The slot's state, made by `new` on first use.
 fn slot_state<L: LogStore>(state: &mut SessionState<L>, slot: usize, new: impl FnOnce() -> SlotState<L>) -> Result<&mut SlotState<L>, ExecError> {
@@ -81,14 +80,6 @@ pub fn compress_log<'s, L: LogStore>(
     Ok(PoolLogs { kv: kv.rows(first, end).ok_or_else(missing)?, gate: gate.rows(first, end).ok_or_else(missing)?, first, first_row, n_rows })
 }
 
-/// What `compress_pool` needs for a batch's new rows: kv and gate (+ ape) values
-/// gathered into `[rows, slots, wd]`, absent slots with gate -inf.
-pub struct PoolInputs<F> {
-    pub kv: Vec<F>,
-    pub gate: Vec<F>,
-    pub slots: usize,
-}
-
 /// Slots a compressed row pools: its window's `ratio` tokens, and with `overlap` (CSA)
 /// the previous window's too.
 pub fn pool_slots(ratio: usize, overlap: bool) -> usize {
@@ -97,42 +88,6 @@ pub fn pool_slots(ratio: usize, overlap: bool) -> usize {
     } else {
         ratio
     }
-}
-
-/// Every new row's slots, gathered from the logs' rows (`ape`: [ratio, cw]).
-pub fn compress_gather<F: Real>(logs: &PoolLogs<&[F]>, ape: &[F], ratio: usize, overlap: bool, wd: usize) -> PoolInputs<F> {
-    let r = ratio;
-    let cw = if overlap { 2 * wd } else { wd };
-    let slots = pool_slots(r, overlap);
-    let mut skv = vec![F::zero(); logs.n_rows * slots * wd];
-    let mut sg = vec![F::neg_infinity(); logs.n_rows * slots * wd];
-    for j in 0..logs.n_rows {
-        let i = logs.first_row + j;
-        for s in 0..slots {
-            // (token, channel offset within the c·w projection)
-            let (tok, half) = if overlap {
-                if s < r {
-                    if i == 0 {
-                        continue;
-                    }
-                    ((i - 1) * r + s, 0)
-                } else {
-                    (i * r + s - r, wd)
-                }
-            } else {
-                (i * r + s, 0)
-            };
-            let kr = &logs.kv[(tok - logs.first) * cw..][..cw];
-            let gr = &logs.gate[(tok - logs.first) * cw..][..cw];
-            let ar = &ape[(tok % r) * cw..][..cw];
-            let o = (j * slots + s) * wd;
-            for c in 0..wd {
-                skv[o + c] = kr[half + c];
-                sg[o + c] = gr[half + c] + ar[half + c];
-            }
-        }
-    }
-    PoolInputs { kv: skv, gate: sg, slots }
 }
 
 /// `RowCache`: appends the batch's new rows; every row so far.
@@ -153,8 +108,52 @@ mod tests {
     use crate::grow_log::GrowLog;
     use crate::state::RowLog;
     use ds4_ir::kernels::compress;
+    use ds4_ir::rng::Rng;
+    use ds4_ir::Real;
 
-use ds4_ir::rng::Rng;
+    /// What `compress_pool` needs for a batch's new rows: kv and gate (+ ape) values
+    /// gathered into `[rows, slots, wd]`, absent slots with gate -inf.
+    pub struct PoolInputs<F> {
+        pub kv: Vec<F>,
+        pub gate: Vec<F>,
+        pub slots: usize,
+    }
+
+    /// Every new row's slots, gathered from the logs' rows (`ape`: [ratio, cw]).
+    pub fn compress_gather<F: Real>(logs: &PoolLogs<&[F]>, ape: &[F], ratio: usize, overlap: bool, wd: usize) -> PoolInputs<F> {
+        let r = ratio;
+        let cw = if overlap { 2 * wd } else { wd };
+        let slots = pool_slots(r, overlap);
+        let mut skv = vec![F::zero(); logs.n_rows * slots * wd];
+        let mut sg = vec![F::neg_infinity(); logs.n_rows * slots * wd];
+        for j in 0..logs.n_rows {
+            let i = logs.first_row + j;
+            for s in 0..slots {
+                // (token, channel offset within the c·w projection)
+                let (tok, half) = if overlap {
+                    if s < r {
+                        if i == 0 {
+                            continue;
+                        }
+                        ((i - 1) * r + s, 0)
+                    } else {
+                        (i * r + s - r, wd)
+                    }
+                } else {
+                    (i * r + s, 0)
+                };
+                let kr = &logs.kv[(tok - logs.first) * cw..][..cw];
+                let gr = &logs.gate[(tok - logs.first) * cw..][..cw];
+                let ar = &ape[(tok % r) * cw..][..cw];
+                let o = (j * slots + s) * wd;
+                for c in 0..wd {
+                    skv[o + c] = kr[half + c];
+                    sg[o + c] = gr[half + c] + ar[half + c];
+                }
+            }
+        }
+        PoolInputs { kv: skv, gate: sg, slots }
+    }
 
     fn same(a: &[f64], b: &[f64]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())

@@ -9,9 +9,8 @@
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
 use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
-use std::sync::Arc;
-
 use ds4_ir::rng::Rng;
+use std::sync::Arc;
 
 /// A line that shows even under the test harness's output capture (which only takes
 /// `print!`/`eprint!`), so a CI log says the GPU tests were skipped.

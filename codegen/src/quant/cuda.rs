@@ -80,7 +80,7 @@ impl QuantSyntax for CudaQuant {
         String::new()
     }
 
-    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32) -> String {
+    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32, min_blocks: Option<u32>) -> String {
         let ps: Vec<String> = params
             .iter()
             .map(|p| match p {
@@ -96,12 +96,15 @@ impl QuantSyntax for CudaQuant {
                 QParam::Scalar { name } => format!("const unsigned long long {name}"),
             })
             .collect();
+        let bounds = match min_blocks {
+            Some(m) => format!("{}, {m}", super::THREADS),
+            None => super::THREADS.to_string(),
+        };
         let mut s = format!(
-            "extern \"C\" __global__ void __launch_bounds__({}) {name}({}) {{\n    \
+            "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n    \
              const unsigned long long ds4_tid = threadIdx.x;\n    \
              const unsigned long long ds4_bx = blockIdx.x;\n    \
              const unsigned long long ds4_by = blockIdx.y;\n",
-            super::THREADS,
             ps.join(", ")
         );
         if shared > 0 {
@@ -130,8 +133,10 @@ impl QuantSyntax for CudaQuant {
         }
     }
 
-    /// Narrow tables stay narrow in shared memory (fewer bytes to stage per block), aligned
-    /// so that a run's contiguous entries can be read as one vector.
+    /// Narrow tables stay narrow in shared memory (fewer bytes to stage per block), 16-byte
+    /// aligned: the compiler then merges a run's reads of contiguous entries (IQ2_XXS's
+    /// 8 grid bytes at `8·g + j`) into one wide load (measured on the H200: without the
+    /// alignment, prefill and decode of the full-size model 7% slower).
     fn shared_table(&self, name: &str, ty: Ty, word: Word, len: usize) -> Option<String> {
         let ctype = match ty {
             Ty::U8 => "unsigned char",

@@ -70,39 +70,28 @@ impl Lower<'_> {
         let mut w = |depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
-        let lines = [
+        for l in [
             format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{chunk}];"),
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
             "const unsigned long long warp = ds4_tid >> 5;".into(),
             "unsigned char* const ds4_stage_w = ds4_stage[warp];".into(),
-            format!("const unsigned long long first_row = ds4_bx * {wa}ull + warp;"),
-            format!("const unsigned long long row_step = row_blocks * {wa}ull;"),
             format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1),
             "const unsigned long long row_jobs = picks * n_chunks;".into(),
-            "const unsigned long long n_rows = first_row < n ? (n - first_row + row_step - 1ull) / row_step : 0ull;".into(),
-            "const unsigned long long jobs = n_rows * row_jobs;".into(),
             // Every chunk starts 16-byte aligned when the weights and the rows do (device
             // allocations are; chunks are multiples of 16 bytes).
             "const bool vectors = ((((unsigned long long)ds4_w) | row_bytes) & 15ull) == 0ull;".into(),
-            "float acc = 0.0f;".into(),
-            "float part = 0.0f;".into(),
-            format!("uint4 pf[{pf}];"),
-            // The current job, counted without divisions.
-            "unsigned int j_c = 0u, j_p = 0u, j_r = 0u;".into(),
-        ];
-        for l in &lines {
-            w(1, l);
+        ] {
+            w(1, &l);
         }
-        // The job (`ri`-th row of the warp, pick `jp`, chunk `c`): its row, where its bytes
-        // start and how many there are.
-        let job = |w: &mut dyn FnMut(usize, &str), depth: usize, (ri, jp, c): (&str, &str, &str), pre: &str| {
+        // A job is one chunk (`c`) of one pick (`jp`) of a row: where its bytes start and
+        // how many there are. A negative pick (top-k found fewer candidates than picks)
+        // adds nothing; its job reads expert 0's row, a valid address.
+        let job = |w: &mut dyn FnMut(usize, &str), depth: usize, (row, jp, c): (&str, &str, &str), pre: &str| {
             for l in [
-                format!("const unsigned long long {pre}row = first_row + (unsigned long long){ri} * row_step;"),
+                format!("const unsigned long long {pre}row = {row};"),
                 format!("const unsigned long long {pre}jp = {jp};"),
-                format!("const unsigned long long {pre}c0 = (unsigned long long){c} * {chunk}ull;"),
+                format!("const unsigned long long {pre}c0 = (unsigned long long)({c}) * {chunk}ull;"),
                 format!("const unsigned long long {pre}p = ds4_by * picks + {pre}jp;"),
-                // A negative pick (top-k found fewer candidates than picks) adds nothing; its
-                // job reads expert 0's row, a valid address, and is not summed.
                 format!("const int {pre}pick = has_sel != 0ull ? ds4_sel[{pre}p] : 0;"),
                 format!("const unsigned long long {pre}ex = {pre}pick >= 0 ? (unsigned long long){pre}pick : 0ull;"),
                 format!("const unsigned long long {pre}src = ({pre}ex * n + {pre}row) * row_bytes + {pre}c0;"),
@@ -111,109 +100,103 @@ impl Lower<'_> {
                 w(depth, &l);
             }
         };
+        // The staged chunk's dot with x into `part`, then the pick's share into `acc`; the
+        // buffer is rewritten only after every lane has read it.
+        let staged = Lower { wbuf: "ds4_stage_w", ..*self };
+        let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
+        let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str| -> Result<(), QuantGenError> {
+            for l in [
+                // 32-bit divisions (a 64-bit one is a long software routine).
+                "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
+                // The chunk's elements: whole blocks, the first at element c0 / bb · be.
+                format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
+                format!("const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
+                "float part = 0.0f;".into(),
+            ] {
+                w(depth, &l);
+            }
+            for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
+                w(depth + d, &l);
+            }
+            w(depth, "__syncwarp();");
+            w(depth, &format!("if (pick >= 0) {{ {acc} = {acc} + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }}"));
+            Ok(())
+        };
+        // Rows not 16-byte aligned: the chunk byte by byte.
+        let byte_copy = "for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];";
+
         // Few rows (n · gridDim.y below SPLIT_BELOW): a block per row, its warps sharing
         // the row's chunks (warp w takes jobs w, w + 4, ..), their sums added through
         // shared memory. A warp per row would leave most of the GPU idle (the
         // hyper-connection and router mat-vecs have 24-256 rows of up to 32 KiB).
         w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
+        w(2, &format!("__shared__ float ds4_red4[{wa}];"));
+        w(2, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
+        w(3, "float sacc = 0.0f;");
+        w(3, &format!("for (unsigned int job = (unsigned int)warp; job < (unsigned int)row_jobs; job += {wa}u) {{"));
+        job(&mut w, 4, ("srow", "job / n_chunks", "job % n_chunks"), "");
+        w(4, "if (vectors) {");
+        w(5, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + src);");
+        w(5, "for (unsigned int i = lane; i < (len >> 4); i += 32u) ((uint4*)ds4_stage_w)[i] = s4[i];");
+        w(4, "} else {");
+        w(5, byte_copy);
+        w(4, "}");
+        w(4, "__syncwarp();");
+        chunk_dot(&mut w, 4, "sacc")?;
+        w(3, "}");
+        w(3, "for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);");
+        w(3, "if (lane == 0u) ds4_red4[warp] = sacc;");
+        w(3, "__syncthreads();");
+        let total: Vec<String> = (0..wa).map(|i| format!("ds4_red4[{i}]")).collect();
+        w(3, &format!("if (ds4_tid == 0ull) {{ {}[ds4_by * n + srow] = {}; }}", s.buffer("out"), total.join(" + ")));
+        w(3, "__syncthreads();");
+        w(2, "}");
+        w(2, "return;");
+        w(1, "}");
+
+        // Otherwise a warp per row: the warp's jobs (row by row, pick by pick, chunk by
+        // chunk) in sequence, counted without divisions, the next job's bytes loaded into
+        // registers (`pf`) before the current one is computed.
         for l in [
-            format!("__shared__ float ds4_red4[{wa}];"),
-            "for (unsigned long long row = ds4_bx; row < n; row += row_blocks) {".into(),
-            "    float sacc = 0.0f;".into(),
-            format!("    for (unsigned int job = (unsigned int)warp; job < (unsigned int)row_jobs; job += {wa}u) {{"),
-            "        const unsigned long long jp = job / n_chunks;".into(),
-            format!("        const unsigned long long c0 = (unsigned long long)(job % n_chunks) * {chunk}ull;"),
-            "        const unsigned long long p = ds4_by * picks + jp;".into(),
-            "        const int pick = has_sel != 0ull ? ds4_sel[p] : 0;".into(),
-            "        const unsigned long long ex = pick >= 0 ? (unsigned long long)pick : 0ull;".into(),
-            "        const unsigned long long src = (ex * n + row) * row_bytes + c0;".into(),
-            format!("        const unsigned int len = (unsigned int)(row_bytes - c0 < {chunk}ull ? row_bytes - c0 : {chunk}ull);"),
-            "        if (vectors) {".into(),
-            "            const uint4* __restrict__ s4 = (const uint4*)(ds4_w + src);".into(),
-            "            uint4* d4 = (uint4*)ds4_stage_w;".into(),
-            "            for (unsigned int i = lane; i < (len >> 4); i += 32u) d4[i] = s4[i];".into(),
-            "        } else {".into(),
-            "            for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];".into(),
-            "        }".into(),
-            "        __syncwarp();".into(),
-            "        const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".into(),
-            format!("        const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
-            format!("        const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
-            "        float part = 0.0f;".into(),
+            format!("const unsigned long long first_row = ds4_bx * {wa}ull + warp;"),
+            format!("const unsigned long long row_step = row_blocks * {wa}ull;"),
+            "const unsigned long long n_rows = first_row < n ? (n - first_row + row_step - 1ull) / row_step : 0ull;".into(),
+            "const unsigned long long jobs = n_rows * row_jobs;".into(),
+            "float acc = 0.0f;".into(),
+            format!("uint4 pf[{pf}];"),
+            "unsigned int j_c = 0u, j_p = 0u, j_r = 0u;".into(),
         ] {
             w(1, &l);
         }
-        let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
-        let staged = Lower { wbuf: "ds4_stage_w", ..*self };
-        for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
-            w(3 + d, &l);
-        }
-        for l in [
-            "        __syncwarp();",
-            "        if (pick >= 0) { sacc = sacc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }",
-            "    }",
-            "    for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);",
-            "    if (lane == 0u) ds4_red4[warp] = sacc;",
-            "    __syncthreads();",
-        ] {
-            w(1, l);
-        }
-        let total: Vec<String> = (0..wa).map(|i| format!("ds4_red4[{i}]")).collect();
-        w(2, &format!("if (ds4_tid == 0ull) {{ {}[ds4_by * n + row] = {}; }}", s.buffer("out"), total.join(" + ")));
-        w(2, "__syncthreads();");
-        w(1, "}");
-        w(1, "return;");
-        w(1, "}");
+        let fetch = |w: &mut dyn FnMut(usize, &str), depth: usize| {
+            w(depth, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
+            w(depth, &format!("#pragma unroll\n{}for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}", "    ".repeat(depth)));
+        };
         w(1, "if (vectors && jobs > 0ull) {");
-        // Job 0's bytes into registers.
-        w(2, "{");
-        job(&mut w, 3, ("0u", "0u", "0u"), "f_");
-        w(3, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
-        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}"));
-        w(2, "}");
+        job(&mut w, 2, ("first_row", "0u", "0u"), "f_");
+        fetch(&mut w, 2);
         w(1, "}");
         w(1, "for (unsigned long long jb = 0ull; jb < jobs; jb += 1ull) {");
-        job(&mut w, 2, ("j_r", "j_p", "j_c"), "");
+        job(&mut w, 2, ("first_row + (unsigned long long)j_r * row_step", "j_p", "j_c"), "");
         w(2, "unsigned int n_c = j_c + 1u, n_p = j_p, n_r = j_r;");
         w(2, "if (n_c == n_chunks) { n_c = 0u; n_p += 1u; if (n_p == (unsigned int)picks) { n_p = 0u; n_r += 1u; } }");
         w(2, "if (vectors) {");
-        w(3, "uint4* d4 = (uint4*)ds4_stage_w;");
-        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) d4[i] = pf[q]; }}"));
+        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) ((uint4*)ds4_stage_w)[i] = pf[q]; }}"));
         w(3, "__syncwarp();");
         // The next job's loads go out before this one's arithmetic.
         w(3, "if (jb + 1ull < jobs) {");
-        job(&mut w, 4, ("n_r", "n_p", "n_c"), "f_");
-        w(4, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
-        w(4, &format!("#pragma unroll\n                for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}"));
+        job(&mut w, 4, ("first_row + (unsigned long long)n_r * row_step", "n_p", "n_c"), "f_");
+        fetch(&mut w, 4);
         w(3, "}");
         w(2, "} else {");
-        w(3, "for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];");
+        w(3, byte_copy);
         w(3, "__syncwarp();");
         w(2, "}");
-        // The chunk's elements: whole blocks, the first at element c0 / bb · be.
-        for l in [
-            // 32-bit divisions (a 64-bit one is a long software routine).
-            "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
-            format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
-            format!("const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
-        ] {
-            w(2, &l);
-        }
-        let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
-        let staged = Lower { wbuf: "ds4_stage_w", ..*self };
-        for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
-            w(2 + d, &l);
-        }
-        // The buffer is rewritten only after every lane has read it.
-        w(2, "__syncwarp();");
-        w(2, "if (c0 + len == row_bytes) {");
-        w(3, "if (pick >= 0) { acc = acc + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }");
-        w(3, "part = 0.0f;");
-        w(3, "if (jp + 1ull == picks) {");
-        w(4, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
-        w(4, &format!("if (lane == 0u) {{ {}[ds4_by * n + row] = acc; }}", s.buffer("out")));
-        w(4, "acc = 0.0f;");
-        w(3, "}");
+        chunk_dot(&mut w, 2, "acc")?;
+        w(2, "if (c0 + len == row_bytes && jp + 1ull == picks) {");
+        w(3, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
+        w(3, &format!("if (lane == 0u) {{ {}[ds4_by * n + row] = acc; }}", s.buffer("out")));
+        w(3, "acc = 0.0f;");
         w(2, "}");
         w(2, "j_c = n_c; j_p = n_p; j_r = n_r;");
         w(1, "}");

@@ -84,7 +84,7 @@ impl QuantSyntax for MetalQuant {
         s
     }
 
-    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32) -> String {
+    fn kernel_open(&self, name: &str, params: &[QParam], shared: u32, _min_blocks: Option<u32>) -> String {
         let mut args = Vec::new();
         for p in params {
             if let QParam::Buffer { name, elem, mutable } = p {

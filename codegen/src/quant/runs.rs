@@ -335,4 +335,3 @@ impl Lower<'_> {
         Ok(out)
     }
 }
-

@@ -110,7 +110,7 @@ impl QuantSyntax for WgslQuant {
         s
     }
 
-    fn kernel_open(&self, name: &str, params: &[QParam], _shared: u32) -> String {
+    fn kernel_open(&self, name: &str, params: &[QParam], _shared: u32, _min_blocks: Option<u32>) -> String {
         let mut s = format!(
             "@compute @workgroup_size({})\nfn {name}(@builtin(local_invocation_id) ds4_lid: vec3<u32>, @builtin(workgroup_id) ds4_group: vec3<u32>) {{\n    \
              let ds4_tid: u32 = ds4_lid.x;\n    let ds4_bx: u32 = ds4_group.x;\n    let ds4_by: u32 = ds4_group.y;\n",

@@ -5,7 +5,7 @@
 //! decode step need no check (`expert_ids.rs`): the only read back is the outputs (and,
 //! in prefill, each MoE layer's picks, to group the tokens by expert).
 
-use super::compile::{Kernels, ParamSig};
+use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
 use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
 use super::device_log::DeviceLog;
@@ -61,7 +61,11 @@ type Named<'n> = [(&'n str, Arg)];
 impl GpuExecutor<'_> {
     /// Launches kernel `name` over `grid` blocks, its arguments matched by name.
     fn call(&self, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
-        let k = self.kernels.get(name)?;
+        self.call_loaded(self.kernels.get(name)?, name, grid, named)
+    }
+
+    /// `call` with the kernel already looked up.
+    fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
         let mut args = Vec::with_capacity(k.params.len());
         for (p, sig) in &k.params {
             let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
@@ -81,8 +85,9 @@ impl GpuExecutor<'_> {
         if n_out > 0 && out_len > 0 {
             let mut all = vec![("out", Arg::Ptr(out.ptr))];
             all.extend_from_slice(named);
+            let k = self.kernels.get(name)?;
             let items = n_out / out_len;
-            self.call(name, (items as u32, self.item_splits(name, items, out_len)? as u32), &all)?;
+            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, out_len) as u32), &all)?;
         }
         Ok(GVal::F(DevSlice::whole(out, n_out)))
     }
@@ -90,13 +95,12 @@ impl GpuExecutor<'_> {
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
     /// (a decode step) and the kernel allows it, enough to give the SMs two blocks
     /// each, and each thread at least 4 elements.
-    fn item_splits(&self, name: &str, items: usize, out_len: usize) -> Result<usize, ExecError> {
-        let k = self.kernels.get(name)?;
+    fn item_splits(&self, k: &Loaded, items: usize, out_len: usize) -> usize {
         if !k.splits_items || items >= self.dev.sms {
-            return Ok(1);
+            return 1;
         }
         let by_work = out_len.div_ceil(4 * k.threads as usize);
-        Ok(by_work.min((2 * self.dev.sms).div_ceil(items)).max(1))
+        by_work.min((2 * self.dev.sms).div_ceil(items)).max(1)
     }
 
     /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
@@ -311,12 +315,9 @@ impl GpuExecutor<'_> {
                         }
                     }
                 }
+                // A view of the last row, no copy.
                 Op::LastRow => match vals.get(&ins[0].index()) {
-                    Some(GVal::F(s)) => {
-                        let out = self.dev.alloc(n_out * 4)?;
-                        out.copy_from(0, &s.buf, (s.off + s.len - n_out) * 4, n_out * 4)?;
-                        GVal::F(DevSlice::whole(out, n_out))
-                    }
+                    Some(GVal::F(s)) => GVal::F(DevSlice { buf: s.buf.clone(), off: s.off + s.len - n_out, len: n_out }),
                     _ => return Err(ExecError::Internal(format!("{label}: input 0 is not a float value"))),
                 },
                 Op::Reshape { .. } => match vals.get(&ins[0].index()) {
@@ -444,7 +445,7 @@ impl GpuExecutor<'_> {
                     let dots = self.dev.alloc(n_out * heads * 4)?;
                     let (Arg::Ptr(q), Arg::Ptr(rows)) = (f(0)?, f(2)?) else { unreachable!() };
                     let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
-                    let m = n_out / n_rows.max(1) * heads;
+                    let m = qs[0] * heads;
                     self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS))?;
                     let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
                     self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
