@@ -11,6 +11,8 @@ STUB=$(cd "$(dirname "$0")" && pwd)/cuda_stub.h
 "$BIN" gen --target "$TARGET" ${MODEL:+--model "$MODEL"} --out "$DIR" >/dev/null 2>&1 || exit 1
 fail=0
 for f in "$DIR"/*.cu; do
+    # Dynamic shared memory (`extern __shared__ T a[];`) as a sized static array for g++.
+    sed -i 's/extern __shared__ \(.*\)\[\];/__shared__ \1[16];/' "$f"
     if ! g++ -std=c++17 -fsyntax-only -w -x c++ -include "$STUB" "$f" 2>"$DIR/err.txt"; then
         echo "== $(basename "$f")"; head -20 "$DIR/err.txt"; fail=1
     fi

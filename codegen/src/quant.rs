@@ -172,7 +172,9 @@ impl QuantKernelKind {
         match self {
             QuantKernelKind::DequantRows => 0,
             QuantKernelKind::MatVec | QuantKernelKind::MatMul => THREADS * 4,
-            QuantKernelKind::MatMulMma => cuda_mma::MMA_SHARED_BYTES,
+            // Static: the token bookkeeping; the tiles and staged rows are dynamic
+            // (`QuantKernel::dynamic_shared`).
+            QuantKernelKind::MatMulMma => cuda_mma::TILE_SHARED_BYTES as u32,
         }
     }
 }
@@ -186,7 +188,10 @@ pub struct QuantKernel {
     pub ggml: GgmlType,
     pub params: Vec<QParam>,
     pub threads: u32,
+    /// Shared memory in all: static and dynamic.
     pub shared_bytes: u32,
+    /// Of which dynamic (given at launch; the runtime raises the kernel's limit for it).
+    pub dynamic_shared: u32,
     pub source: String,
 }
 
@@ -239,6 +244,12 @@ pub trait QuantSyntax {
     /// Byte `addr` (an Idx) of byte buffer `buf` (the weights, or a staged copy of them),
     /// as a u32.
     fn byte(&self, buf: &str, addr: &str) -> String;
+    /// The four bytes at `addr` of `buf` as a little-endian u32, read as the two aligned
+    /// words that hold them (`buf` 4-byte aligned and readable 4 bytes past `addr + 3`);
+    /// `None` where the target has no such read (then the bytes are read one by one).
+    fn word32(&self, _buf: &str, _addr: &str) -> Option<String> {
+        None
+    }
     /// A local declaration statement.
     fn decl(&self, name: &str, w: Word, mutable: bool, init: &str) -> String {
         let c = if mutable { "" } else { "const " };
@@ -346,7 +357,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w" };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
@@ -376,7 +387,9 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         stage(&mut src);
         src.push_str(&lower.mma_body()?);
         src.push_str("}\n");
-        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: kind.shared_bytes(), source: src });
+        let dynamic_shared = lower.mma_dynamic_shared();
+        let shared_bytes = kind.shared_bytes() + lower.staged_table_bytes() as u32 + dynamic_shared;
+        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, dynamic_shared, source: src });
     }
     if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
         // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
@@ -384,9 +397,8 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         stage(&mut src);
         src.push_str(&lower.staged_matvec_body()?);
         src.push_str("}\n");
-        let tables: usize = if lower.shared_tables { spec.tables.iter().map(|t| t.len() * t.ty.bytes()).sum() } else { 0 };
-        let shared_bytes = (MATVEC_WARPS * cuda_matvec::chunk_bytes(spec.block_bytes as u64)) as u32 + tables as u32;
-        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, source: src });
+        let shared_bytes = (MATVEC_WARPS * (cuda_matvec::chunk_bytes(spec.block_bytes as u64) + 16)) as u32 + lower.staged_table_bytes() as u32;
+        return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, dynamic_shared: 0, source: src });
     }
     src.push_str(&syn.kernel_globals(&params, shared));
     src.push_str(&syn.kernel_open(&name, &params, shared, None));
@@ -395,7 +407,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     src.push_str("}\n");
     // Reported: what the kernel uses, the helper's per-warp floats included.
     let used = if own_sum && kind != QuantKernelKind::DequantRows { THREADS / 32 * 4 } else { shared };
-    Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: used, source: src })
+    Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes: used, dynamic_shared: 0, source: src })
 }
 
 /// Whether any field, table or node of `spec` is a u64.
@@ -435,9 +447,23 @@ struct Lower<'a> {
     /// The byte buffer block fields are read from: the weight param `ds4_w`, or a
     /// shared-memory copy of part of a row (the CUDA mat-vec's staging, `cuda_matvec.rs`).
     wbuf: &'static str,
+    /// Whether `wbuf` is a staged copy, 4-byte aligned with padding after it, whose
+    /// multi-byte fields are read as aligned words (`QuantSyntax::word32`): two word
+    /// loads and a funnel shift instead of a load per byte (fields of 66- and 84-byte
+    /// blocks are at best 2-byte aligned).
+    words: bool,
 }
 
 impl Lower<'_> {
+    /// Bytes of the tables' shared-memory copies (none when they are read from constants).
+    fn staged_table_bytes(&self) -> usize {
+        if self.shared_tables {
+            self.spec.tables.iter().map(|t| t.len() * t.ty.bytes()).sum()
+        } else {
+            0
+        }
+    }
+
     fn u32(&self, v: u64) -> String {
         self.syn.int_lit(Word::U32, v as i128)
     }
@@ -484,8 +510,14 @@ impl Lower<'_> {
             None => format!("(ds4_blk + {})", self.idx(offset as u64)),
             Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(Word::Idx, &i), self.idx(n as u64)),
         };
-        let byte = |k: usize| if k == 0 { s.byte(self.wbuf, &base) } else { s.byte(self.wbuf, &format!("{base} + {}", self.idx(k as u64))) };
+        let at = |k: usize| if k == 0 { base.clone() } else { format!("{base} + {}", self.idx(k as u64)) };
+        let byte = |k: usize| s.byte(self.wbuf, &at(k));
         let assemble = |from: usize, count: usize| -> String {
+            if self.words && count >= 2 {
+                if let Some(word) = s.word32(self.wbuf, &at(from)) {
+                    return if count == 4 { word } else { format!("({word} & {})", self.u32((1u64 << (8 * count)) - 1)) };
+                }
+            }
             let parts: Vec<String> =
                 (0..count).map(|k| if k == 0 { byte(from) } else { format!("({} << {})", byte(from + k), self.u32(8 * k as u64)) }).collect();
             if count == 1 {

@@ -269,7 +269,7 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
     // Kernels that may spread an item over several blocks run with 1 to 3 of them (the
     // item count decides, so that cases vary).
     let splits = if gpu.splits_items { 1 + items % 3 } else { 1 };
-    launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (gpu.threads, 1, 1), &dargs).unwrap();
+    launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (gpu.threads, 1, 1), gpu.dyn_shared, &dargs).unwrap();
     dev.synchronize().unwrap();
     let (_, elem) = k.out();
     match elem {
@@ -419,7 +419,7 @@ fn attention_tiled_time_at_full_size_prefill() {
         for _ in 0..3 {
             dev.synchronize().unwrap();
             let t0 = std::time::Instant::now();
-            launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), &args).unwrap();
+            launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), k.dyn_shared, &args).unwrap();
             dev.synchronize().unwrap();
             best = best.min(t0.elapsed().as_secs_f64());
         }
@@ -457,7 +457,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let idb = dev.upload(&ids).unwrap();
         let out = dev.alloc(rows * k * 4).unwrap();
         let dq = ks.get(&kernel_name(QuantKernelKind::DequantRows, t)).unwrap();
-        launch(&dev, &dq.func, (rows as u32, 1, 1), (dq.threads, 1, 1), &[Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(idb.ptr), Arg::U64(k as u64), Arg::U64(rb as u64)]).unwrap();
+        launch(&dev, &dq.func, (rows as u32, 1, 1), (dq.threads, 1, 1), dq.dyn_shared, &[Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(idb.ptr), Arg::U64(k as u64), Arg::U64(rb as u64)]).unwrap();
         let gpu: Vec<f32> = out.read(rows * k).unwrap();
         let mut exact = true;
         for (j, &row) in ids.iter().enumerate() {
@@ -474,7 +474,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         // Fewer row blocks than rows: each block loops over rows (as with staged tables).
         let row_blocks = r.range(1, rows + 1);
         let args = [Arg::Ptr(mv_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(xb.ptr), u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0), u(row_blocks)];
-        launch(&dev, &mv.func, (row_blocks as u32, m as u32, 1), (mv.threads, 1, 1), &args).unwrap();
+        launch(&dev, &mv.func, (row_blocks as u32, m as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = mv_out.read(m * rows).unwrap();
         // |got − W[row]·xs| / Σ|W[row]·xs|, the f64 dot of the de-quantized row as reference.
         let rel = |got: f32, row: usize, xs: &[f32]| -> f64 {
@@ -505,7 +505,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             let groups = if rows % 2 == 0 && !mma { 2 } else { 1 };
             let mm_out = dev.alloc(m2 * rows * 4).unwrap();
             let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
-            launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+            launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, 1), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
             let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
             for ti in 0..m2 {
                 for j in 0..rows {
@@ -523,7 +523,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             let ml_out = dev.alloc(m2 * per * 4).unwrap();
             let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
             let bx = if mma { per.div_ceil(ds4_runtime::cuda::MMA_ROWS) } else { per };
-            launch(&dev, &mm.func, (bx as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), &args).unwrap();
+            launch(&dev, &mm.func, (bx as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
             let got3: Vec<f32> = ml_out.read(m2 * per).unwrap();
             for p in 0..m2 {
                 for j in 0..per {
@@ -584,7 +584,7 @@ fn matvec_on_aligned_rows_with_picks() {
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
         let row_blocks = r.range(1, n.div_ceil(4) + 1);
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(1), u(n), u(1), u(1), u(row_blocks)];
-        launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), &args).unwrap();
+        launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
         let mut worst = 0f64;
         for ti in 0..tokens {

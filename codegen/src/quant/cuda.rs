@@ -50,6 +50,11 @@ impl QuantSyntax for CudaQuant {
         format!("((unsigned int){buf}[{addr}])")
     }
 
+    fn word32(&self, buf: &str, addr: &str) -> Option<String> {
+        let words = format!("((const unsigned int*){buf})");
+        Some(format!("__funnelshift_r({words}[({addr}) >> 2], {words}[(({addr}) >> 2) + 1ull], (unsigned int)(({addr}) & 3ull) * 8u)"))
+    }
+
     fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
         format!("for (unsigned long long {var} = {start}; {var} < {end}; {var} += {step})")
     }

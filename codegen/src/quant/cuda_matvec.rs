@@ -71,7 +71,8 @@ impl Lower<'_> {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
         for l in [
-            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{chunk}];"),
+            // 16 bytes of padding: word reads (`Lower::words`) may touch 4 bytes past a field.
+            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{}];", chunk + 16),
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
             "const unsigned long long warp = ds4_tid >> 5;".into(),
             "unsigned char* const ds4_stage_w = ds4_stage[warp];".into(),
@@ -102,7 +103,7 @@ impl Lower<'_> {
         };
         // The staged chunk's dot with x into `part`, then the pick's share into `acc`; the
         // buffer is rewritten only after every lane has read it.
-        let staged = Lower { wbuf: "ds4_stage_w", ..*self };
+        let staged = Lower { wbuf: "ds4_stage_w", words: true, ..*self };
         let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
         let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str| -> Result<(), QuantGenError> {
             for l in [

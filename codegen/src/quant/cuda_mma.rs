@@ -14,9 +14,31 @@
 //! product). The result matches an f32 dot product to about f32 rounding, which is what
 //! the kernel parity test holds it to (the same bound as the SIMT kernel).
 //!
+//! The kernel is latency-bound (Nsight Compute on the H200: 19-25% occupancy, register-
+//! limited, ~6 cycles between a warp's instructions), so the steps are pipelined and every
+//! access is as wide as it can be:
+//! - **Double-buffered tiles, one barrier a step.** Step i de-quantizes its weight tile
+//!   into buffer i mod 2, waits for its x tile, synchronizes once, then starts the copies
+//!   step i + 1 needs (`cp.async`, 16 bytes each, straight into shared memory: no
+//!   registers held) and multiplies while they travel.
+//! - **Quantized rows are staged raw.** For block-quantized types the tile's bytes for
+//!   [`stage_elems`] columns (whole blocks) are copied the same way, a stage ahead, and
+//!   de-quantized from shared memory (`Lower::wbuf`, multi-byte fields read as aligned
+//!   words: `Lower::words`). A row's stretch need not be 16-byte aligned (66- and 84-byte
+//!   blocks): the copy starts at the aligned address below it and the row remembers its
+//!   shift. F32/F16 rows are read directly.
+//! - **MMA steps take columns a lane can load together.** An MMA sums over 8 columns in
+//!   any order, so MMA step σ of a 32-column step takes columns 8t + 2σ (as its k = t) and
+//!   8t + 2σ + 1 (as k = t + 4), t = 0..3: a lane's four values for two MMA steps are one
+//!   16-byte load, with the tiles in their natural order. With rows 36 floats apart
+//!   neither those loads nor the threads' 16-byte stores have bank conflicts.
+//! The tiles and staged rows are dynamic shared memory ([`QuantKernel::dynamic_shared`]:
+//! up to 49 KiB, past the 48 KiB of static shared memory a kernel may declare).
+//!
 //! A tile must not straddle two row groups of a grouped matmul: the runtime uses this
 //! kernel when `groups == 1` or `ng` is a multiple of [`MMA_ROWS`], the SIMT one otherwise.
 
+use super::runs::Shape;
 use super::{Lower, QuantGenError};
 use std::fmt::Write;
 
@@ -24,11 +46,26 @@ use std::fmt::Write;
 pub const MMA_ROWS: u64 = 64;
 /// Tokens per block (and rows per expert group when the rows are listed).
 pub const MMA_TOKENS: u64 = 64;
-/// Shared memory: the weight and x tiles (64 × 36 floats each, padded against bank
-/// conflicts) and the tokens' x offsets and output rows.
-pub const MMA_SHARED_BYTES: u32 = 2 * 64 * 36 * 4 + 64 * 8 + 64 * 8;
+/// Floats of one tile buffer (64 rows × 36, padded against bank conflicts).
+const TILE_FLOATS: u64 = 64 * 36;
+/// Dynamic shared memory of the tiles: weight and x tiles, two buffers each.
+const TILE_BYTES: u64 = 4 * TILE_FLOATS * 4;
+/// Static shared memory besides the tables: the tokens' x offsets and output rows.
+pub(super) const TILE_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
 
-/// Helpers placed before the kernel: the TF32 split and one MMA.
+/// Columns staged raw at a time for a block-quantized type of `block_elems` elements per
+/// block (whole blocks, at least two 32-column steps: the pipeline loads a stage one
+/// stage ahead, during its first step, and waits for it in its second), or `None` when
+/// the type is read directly (`per_element_blocks`: F32, F16, BF16; blocks that are not
+/// whole steps).
+pub fn stage_elems(block_elems: u64, per_element_blocks: bool) -> Option<u64> {
+    if per_element_blocks || block_elems % 32 != 0 {
+        return None;
+    }
+    Some(block_elems * 64u64.div_ceil(block_elems))
+}
+
+/// Helpers placed before the kernel: the TF32 split, one MMA, a 16-byte async copy.
 const MMA_HELPERS: &str = r#"// v = big + small, both TF32 (round to nearest): 21 of f32's 24 bits survive.
 __device__ __forceinline__ void ds4_split_tf32(const float v, unsigned int& big, unsigned int& small) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(v));
@@ -43,109 +80,254 @@ __device__ __forceinline__ void ds4_mma_tf32(float* c, const unsigned int* a, co
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// 16 bytes global -> shared without passing through registers; the first `bytes` come
+// from `src` (16-byte aligned), the rest are zeros. Complete after ds4_cp_wait().
+__device__ __forceinline__ void ds4_cp16(void* dst, const void* src, const unsigned int bytes) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void ds4_cp_wait() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 "#;
 
+/// The raw staging of a block-quantized type: `elems` columns at a time, each row's
+/// bytes in `vectors` 16-byte slots (room for them after a shift of up to 15).
+struct Stage {
+    elems: u64,
+    vectors: u64,
+}
+
+impl Stage {
+    /// 16-byte vectors each of the 128 threads copies per stage.
+    fn per_thread(&self) -> u64 {
+        (MMA_ROWS * self.vectors).div_ceil(128)
+    }
+    /// Bytes of one stage buffer (16 of padding: word reads may touch 4 bytes past a field).
+    fn buffer_bytes(&self) -> u64 {
+        MMA_ROWS * self.vectors * 16 + 16
+    }
+}
+
 impl Lower<'_> {
-    /// The helpers and the body of `matmul_mma_<type>` (after `kernel_open`).
+    /// The helpers placed before `matmul_mma_<type>`.
     pub(super) fn mma_helpers(&self) -> &'static str {
         MMA_HELPERS
     }
 
+    fn mma_stage(&self) -> Option<Stage> {
+        let (be, bb) = (self.spec.block_elems as u64, self.spec.block_bytes as u64);
+        let elems = stage_elems(be, self.shape() == Shape::Blocks)?;
+        let bytes = elems / be * bb;
+        Some(Stage { elems, vectors: (bytes + 15).div_ceil(16) })
+    }
+
+    /// Dynamic shared memory of the kernel: the tiles and the staged rows, two buffers each.
+    pub(super) fn mma_dynamic_shared(&self) -> u32 {
+        (TILE_BYTES + self.mma_stage().map_or(0, |s| 2 * s.buffer_bytes())) as u32
+    }
+
+    /// The body of `matmul_mma_<type>` (after `kernel_open` and the tables' staging).
     pub(super) fn mma_body(&self) -> Result<String, QuantGenError> {
+        let (be, bb) = (self.spec.block_elems as u64, self.spec.block_bytes as u64);
+        let stage = self.mma_stage();
+        let tf = TILE_FLOATS;
         let mut o = String::new();
         let w = |o: &mut String, depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
         // Tile bookkeeping: which tokens (x offsets, output rows) this block serves.
         for l in [
-            "__shared__ float ws[64 * 36];",
-            "__shared__ float xs[64 * 36];",
-            "__shared__ unsigned long long xrow[64];",
-            "__shared__ long long prow[64];",
-            "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);",
-            "const unsigned int warp = (unsigned int)(ds4_tid >> 5);",
-            "const unsigned int g = lane >> 2;",
-            "const unsigned int t4 = lane & 3u;",
-            "const unsigned int wm = warp >> 1;",
-            "const unsigned int wn = warp & 1u;",
-            "const unsigned long long r0 = ds4_bx * 64ull;",
-            "const unsigned long long ex = has_idx != 0ull ? (unsigned long long)ds4_gexp[ds4_by] : 0ull;",
-            "const unsigned long long xg = r0 / ng;",
-            "if (ds4_tid < 64ull) {",
-            "    long long p;",
-            "    if (has_idx != 0ull) {",
-            "        p = (long long)ds4_idx[ds4_by * 64ull + ds4_tid];",
-            "    } else {",
-            "        const unsigned long long tt = ds4_by * 64ull + ds4_tid;",
-            "        p = tt < m ? (long long)tt : -1ll;",
-            "    }",
-            "    prow[ds4_tid] = p;",
-            "    xrow[ds4_tid] = p >= 0 ? (((unsigned long long)p / x_div) * groups + xg) * k : 0ull;",
-            "}",
-            "__syncthreads();",
-            "float c[2][4][4];",
-            "for (int i = 0; i < 2; i++) for (int j = 0; j < 4; j++) for (int q = 0; q < 4; q++) c[i][j][q] = 0.0f;",
-            // Each thread de-quantizes 16 elements of one row and stages 16 x values of
-            // one token per step.
-            "const unsigned long long trow = ds4_tid >> 1;",
-            "const unsigned long long half = (ds4_tid & 1ull) * 16ull;",
-            "const unsigned long long wrow = r0 + trow;",
-            "const unsigned long long row_base = (ex * n + (wrow < n ? wrow : 0ull)) * row_bytes;",
-            "const bool tok_ok = prow[trow] >= 0;",
-            "const unsigned long long tok_x = xrow[trow];",
-            "for (unsigned long long k0 = 0ull; k0 < k; k0 += 32ull) {",
+            "extern __shared__ __align__(16) unsigned char ds4_smem[];".to_string(),
+            "float* const ws = (float*)ds4_smem;".into(),
+            format!("float* const xs = ws + {};", 2 * tf),
+            "__shared__ unsigned long long xrow[64];".into(),
+            "__shared__ long long prow[64];".into(),
+            "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
+            "const unsigned int warp = (unsigned int)(ds4_tid >> 5);".into(),
+            "const unsigned int g = lane >> 2;".into(),
+            "const unsigned int t4 = lane & 3u;".into(),
+            "const unsigned int wm = warp >> 1;".into(),
+            "const unsigned int wn = warp & 1u;".into(),
+            "const unsigned long long r0 = ds4_bx * 64ull;".into(),
+            "const unsigned long long ex = has_idx != 0ull ? (unsigned long long)ds4_gexp[ds4_by] : 0ull;".into(),
+            "const unsigned long long xg = r0 / ng;".into(),
+            "if (ds4_tid < 64ull) {".into(),
+            "    long long p;".into(),
+            "    if (has_idx != 0ull) {".into(),
+            "        p = (long long)ds4_idx[ds4_by * 64ull + ds4_tid];".into(),
+            "    } else {".into(),
+            "        const unsigned long long tt = ds4_by * 64ull + ds4_tid;".into(),
+            "        p = tt < m ? (long long)tt : -1ll;".into(),
+            "    }".into(),
+            "    prow[ds4_tid] = p;".into(),
+            "    xrow[ds4_tid] = p >= 0 ? (((unsigned long long)p / x_div) * groups + xg) * k : 0ull;".into(),
+            "}".into(),
+            "__syncthreads();".into(),
+            "float c[2][4][4];".into(),
+            "for (int i = 0; i < 2; i++) for (int j = 0; j < 4; j++) for (int q = 0; q < 4; q++) c[i][j][q] = 0.0f;".into(),
+            // Each thread de-quantizes 16 elements of one row and copies 16 x values of
+            // one token per step: columns 16·hb .. 16·hb + 15.
+            "const unsigned long long trow = ds4_tid >> 1;".into(),
+            "const unsigned int hb = (unsigned int)(ds4_tid & 1ull);".into(),
+            "const unsigned long long half = hb * 16ull;".into(),
+            "const unsigned long long wrow = r0 + trow;".into(),
+            "const unsigned long long row_at = (ex * n + (wrow < n ? wrow : 0ull)) * row_bytes;".into(),
+            "const bool tok_ok = prow[trow] >= 0;".into(),
+            "const unsigned long long tok_x = xrow[trow];".into(),
+            "float wr[16];".into(),
         ] {
-            w(&mut o, 1, l);
+            w(&mut o, 1, &l);
         }
-        w(&mut o, 2, "const unsigned long long e0 = k0 + half;");
-        w(&mut o, 2, "float* wdst = &ws[trow * 36ull + half];");
-        w(&mut o, 2, "if (wrow < n) {");
-        let store = |i: u64, v: &str| format!("wdst[{i}] = {v};");
-        for (d, l) in self.value_runs(16, &store)? {
-            w(&mut o, 3 + d, &l);
+        // The x tile of the step at column `c0` into buffer `b`: 16-byte copies (zeros past
+        // k and for empty token slots), or plain loads where rows are not 16-byte aligned.
+        let x_copy = |o: &mut String, depth: usize, c0: &str, b: &str| {
+            for l in [
+                "{".to_string(),
+                format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;"),
+                format!("    const unsigned long long ex0 = {c0} + half;"),
+                "    if ((k & 3ull) == 0ull) {".into(),
+                "        for (int q = 0; q < 4; q++) {".into(),
+                "            const unsigned long long e = ex0 + 4ull * q;".into(),
+                "            const unsigned int bytes = tok_ok && e < k ? (k - e < 4ull ? (unsigned int)(k - e) * 4u : 16u) : 0u;".into(),
+                "            ds4_cp16(xd + 4 * q, bytes != 0u ? (const void*)(ds4_x + tok_x + e) : (const void*)ds4_x, bytes);".into(),
+                "        }".into(),
+                "    } else {".into(),
+                "        for (unsigned long long i = 0ull; i < 16ull; i++) xd[i] = (tok_ok && ex0 + i < k) ? ds4_x[tok_x + ex0 + i] : 0.0f;".into(),
+                "    }".into(),
+                "}".into(),
+            ] {
+                w(o, depth, &l);
+            }
+        };
+        // The raw bytes of the stage at column `s0` into stage buffer `b`: vector q of this
+        // thread is slot vi % nv of tile row vi / nv; only slots holding some of the row's
+        // bytes are copied (none past the tensor's end).
+        let stage_copy = |o: &mut String, depth: usize, st: &Stage, s0: &str, b: &str| {
+            let (se, nv, pt) = (st.elems, st.vectors, st.per_thread());
+            for l in [
+                "{".to_string(),
+                format!("    const unsigned long long cols = k - {s0} < {se}ull ? k - {s0} : {se}ull;"),
+                format!("    const unsigned long long len = cols / {be}ull * {bb}ull;"),
+                format!("    const unsigned long long at = ({s0} / {be}ull) * {bb}ull;"),
+                format!("    unsigned char* const dst = wst + ({b}) * {}u;", st.buffer_bytes()),
+                "    #pragma unroll".into(),
+                format!("    for (int q = 0; q < {pt}; q++) {{"),
+                "        const unsigned int vi = (unsigned int)ds4_tid + 128u * q;".into(),
+                format!("        const unsigned int vr = vi / {nv}u, vc = vi % {nv}u;"),
+                "        const unsigned long long rr = r0 + vr < n ? r0 + vr : 0ull;".into(),
+                "        const unsigned long long a = (unsigned long long)(ds4_w + (ex * n + rr) * row_bytes + at);".into(),
+                format!("        if (vi < {}u && 16ull * vc < (a & 15ull) + len) ds4_cp16(dst + 16u * vi, (const void*)((a & ~15ull) + 16ull * vc), 16u);", MMA_ROWS * nv),
+                "    }".into(),
+                "}".into(),
+            ] {
+                w(o, depth, &l);
+            }
+        };
+        // One 32-column step at k0 into buffer `buf`: de-quantize (`row_base` and `e0`
+        // locate the thread's 16 elements for `value_runs`, in the staged copy or in the
+        // weights), wait for this step's copies, one barrier, start the next step's copies
+        // (`next`), multiply.
+        let step = |o: &mut String, depth: usize, lower: &Lower, row_base: &str, e0: &str, next: &dyn Fn(&mut String, usize)| -> Result<(), QuantGenError> {
+            w(o, depth, "{");
+            w(o, depth + 1, &format!("const unsigned long long row_base = {row_base};"));
+            w(o, depth + 1, &format!("const unsigned long long e0 = {e0};"));
+            w(o, depth + 1, "if (wrow < n) {");
+            let store = |i: u64, v: &str| format!("wr[{i}] = {v};");
+            for (d, l) in lower.value_runs(16, &store)? {
+                w(o, depth + 2 + d, &l);
+            }
+            w(o, depth + 1, "} else {");
+            w(o, depth + 2, "for (int i = 0; i < 16; i++) wr[i] = 0.0f;");
+            w(o, depth + 1, "}");
+            w(o, depth + 1, &format!("float* const wd = ws + buf * {tf}u + trow * 36ull + half;"));
+            w(o, depth + 1, "for (int q = 0; q < 4; q++) *(float4*)(wd + 4 * q) = make_float4(wr[4 * q], wr[4 * q + 1], wr[4 * q + 2], wr[4 * q + 3]);");
+            w(o, depth, "}");
+            w(o, depth, "ds4_cp_wait();");
+            w(o, depth, "__syncthreads();");
+            next(o, depth);
+            for l in [
+                // MMA step σ = 2hs + s2 takes columns 8·t4 + 2σ (k = t4) and 8·t4 + 2σ + 1
+                // (k = t4 + 4): one 16-byte load holds a lane's values for σ = 2hs, 2hs + 1.
+                format!("const float* const wt = ws + buf * {tf}u + (wm * 32u + g) * 36u + t4 * 8u;"),
+                format!("const float* const xt = xs + buf * {tf}u + (wn * 32u + g) * 36u + t4 * 8u;"),
+                "#pragma unroll".into(),
+                "for (int hs = 0; hs < 2; hs++) {".into(),
+                "    float4 av[2][2], bv[4];".into(),
+                "    for (int i = 0; i < 2; i++) {".into(),
+                "        av[i][0] = *(const float4*)(wt + i * 16 * 36 + hs * 4);".into(),
+                "        av[i][1] = *(const float4*)(wt + (i * 16 + 8) * 36 + hs * 4);".into(),
+                "    }".into(),
+                "    for (int j = 0; j < 4; j++) bv[j] = *(const float4*)(xt + j * 8 * 36 + hs * 4);".into(),
+                "    #pragma unroll".into(),
+                "    for (int s2 = 0; s2 < 2; s2++) {".into(),
+                "        unsigned int ab[2][4], as_[2][4];".into(),
+                "        for (int i = 0; i < 2; i++) {".into(),
+                "            ds4_split_tf32(s2 ? av[i][0].z : av[i][0].x, ab[i][0], as_[i][0]);".into(),
+                "            ds4_split_tf32(s2 ? av[i][1].z : av[i][1].x, ab[i][1], as_[i][1]);".into(),
+                "            ds4_split_tf32(s2 ? av[i][0].w : av[i][0].y, ab[i][2], as_[i][2]);".into(),
+                "            ds4_split_tf32(s2 ? av[i][1].w : av[i][1].y, ab[i][3], as_[i][3]);".into(),
+                "        }".into(),
+                "        for (int j = 0; j < 4; j++) {".into(),
+                "            unsigned int bb[2], bs[2];".into(),
+                "            ds4_split_tf32(s2 ? bv[j].z : bv[j].x, bb[0], bs[0]);".into(),
+                "            ds4_split_tf32(s2 ? bv[j].w : bv[j].y, bb[1], bs[1]);".into(),
+                "            for (int i = 0; i < 2; i++) {".into(),
+                "                ds4_mma_tf32(c[i][j], as_[i], bb);".into(),
+                "                ds4_mma_tf32(c[i][j], ab[i], bs);".into(),
+                "                ds4_mma_tf32(c[i][j], ab[i], bb);".into(),
+                "            }".into(),
+                "        }".into(),
+                "    }".into(),
+                "}".into(),
+            ] {
+                w(o, depth, &l);
+            }
+            Ok(())
+        };
+        match &stage {
+            None => {
+                x_copy(&mut o, 1, "0ull", "0u");
+                w(&mut o, 1, "unsigned int buf = 0u;");
+                w(&mut o, 1, "for (unsigned long long k0 = 0ull; k0 < k; k0 += 32ull, buf ^= 1u) {");
+                let next = |o: &mut String, d: usize| {
+                    w(o, d, "if (k0 + 32ull < k) {");
+                    x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
+                    w(o, d, "}");
+                };
+                step(&mut o, 2, self, "row_at", "k0 + half", &next)?;
+                w(&mut o, 1, "}");
+            }
+            Some(st) => {
+                let se = st.elems;
+                w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf));
+                // The first stage and x tile, complete before the first step reads them.
+                stage_copy(&mut o, 1, st, "0ull", "0u");
+                x_copy(&mut o, 1, "0ull", "0u");
+                w(&mut o, 1, "ds4_cp_wait();");
+                w(&mut o, 1, "__syncthreads();");
+                w(&mut o, 1, "unsigned int buf = 0u, sb = 0u;");
+                w(&mut o, 1, &format!("for (unsigned long long s0 = 0ull; s0 < k; s0 += {se}ull, sb ^= 1u) {{"));
+                // This thread's row in the staged copy: its slots plus the row's shift.
+                w(&mut o, 2, &format!("const unsigned long long my_at = sb * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (s0 / {be}ull) * {bb}ull)) & 15ull);", st.buffer_bytes(), st.vectors * 16));
+                w(&mut o, 2, &format!("for (unsigned long long k0 = s0; k0 < s0 + {se}ull && k0 < k; k0 += 32ull, buf ^= 1u) {{"));
+                let staged = Lower { wbuf: "wst", words: true, ..*self };
+                let next = |o: &mut String, d: usize| {
+                    // The next stage goes out during this stage's first step.
+                    w(o, d, &format!("if (k0 == s0 && s0 + {se}ull < k) {{"));
+                    stage_copy(o, d + 1, st, &format!("(s0 + {se}ull)"), "sb ^ 1u");
+                    w(o, d, "}");
+                    w(o, d, "if (k0 + 32ull < k) {");
+                    x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
+                    w(o, d, "}");
+                };
+                step(&mut o, 3, &staged, "my_at", "k0 - s0 + half", &next)?;
+                w(&mut o, 2, "}");
+                w(&mut o, 1, "}");
+            }
         }
-        w(&mut o, 2, "} else {");
-        w(&mut o, 3, "for (int i = 0; i < 16; i++) wdst[i] = 0.0f;");
-        w(&mut o, 2, "}");
-        for l in [
-            "float* xdst = &xs[trow * 36ull + half];",
-            "if (tok_ok && e0 + 16ull <= k && (k & 3ull) == 0ull) {",
-            "    const float4* src = (const float4*)(&ds4_x[tok_x + e0]);",
-            "    for (int q = 0; q < 4; q++) {",
-            "        const float4 v = src[q];",
-            "        xdst[4 * q] = v.x; xdst[4 * q + 1] = v.y; xdst[4 * q + 2] = v.z; xdst[4 * q + 3] = v.w;",
-            "    }",
-            "} else {",
-            "    for (unsigned long long i = 0ull; i < 16ull; i++) xdst[i] = (tok_ok && e0 + i < k) ? ds4_x[tok_x + e0 + i] : 0.0f;",
-            "}",
-            "__syncthreads();",
-            "for (int kk = 0; kk < 32; kk += 8) {",
-            "    unsigned int ab[2][4], as_[2][4], bb[4][2], bs[4][2];",
-            "    for (int i = 0; i < 2; i++) {",
-            "        const float* a = &ws[(wm * 32u + i * 16u + g) * 36u + kk + t4];",
-            "        ds4_split_tf32(a[0], ab[i][0], as_[i][0]);",
-            "        ds4_split_tf32(a[8 * 36], ab[i][1], as_[i][1]);",
-            "        ds4_split_tf32(a[4], ab[i][2], as_[i][2]);",
-            "        ds4_split_tf32(a[8 * 36 + 4], ab[i][3], as_[i][3]);",
-            "    }",
-            "    for (int j = 0; j < 4; j++) {",
-            "        const float* b = &xs[(wn * 32u + j * 8u + g) * 36u + kk + t4];",
-            "        ds4_split_tf32(b[0], bb[j][0], bs[j][0]);",
-            "        ds4_split_tf32(b[4], bb[j][1], bs[j][1]);",
-            "    }",
-            "    for (int i = 0; i < 2; i++) {",
-            "        for (int j = 0; j < 4; j++) {",
-            "            ds4_mma_tf32(c[i][j], as_[i], bb[j]);",
-            "            ds4_mma_tf32(c[i][j], ab[i], bs[j]);",
-            "            ds4_mma_tf32(c[i][j], ab[i], bb[j]);",
-            "        }",
-            "    }",
-            "}",
-            "__syncthreads();",
-        ] {
-            w(&mut o, 2, l);
-        }
-        w(&mut o, 1, "}");
         // c[i][j][q]: row g (+8 for q ≥ 2) of the warp's i-th 16 rows, token 2·t4 (+1 for
         // odd q) of its j-th 8 tokens.
         for l in [

@@ -36,7 +36,7 @@ pub struct Factored<'a> {
 
 /// How a weight row is walked (see the module comment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
+pub(super) enum Shape {
     /// Runs of `run` elements inside one sub-block.
     InSub { run: u64 },
     /// Runs of [`RUN`] elements spanning `RUN / block_elems` blocks.
@@ -119,7 +119,7 @@ impl Lower<'_> {
         Some(Factored { scale, elem, offset })
     }
 
-    fn shape(&self) -> Shape {
+    pub(super) fn shape(&self) -> Shape {
         let (be, sb) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
         if sb % RUN == 0 {
             Shape::InSub { run: RUN }

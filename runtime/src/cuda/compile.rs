@@ -8,6 +8,7 @@
 //! `attention_tiled`, still fuses).
 
 use super::device::{CudaError, Device};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use ds4_codegen::cuda_attention;
@@ -37,6 +38,8 @@ pub struct Loaded {
     pub threads: u32,
     /// An item may be spread over several blocks along y (`ds4_codegen::splits_items`).
     pub splits_items: bool,
+    /// Bytes of dynamic shared memory a launch gives it (`QuantKernel::dynamic_shared`).
+    pub dyn_shared: u32,
 }
 
 /// Every compiled kernel, by entry-point name.
@@ -87,6 +90,7 @@ struct Unit {
     params: Vec<(String, ParamSig)>,
     threads: u32,
     splits_items: bool,
+    dyn_shared: u32,
 }
 
 impl Kernels {
@@ -102,12 +106,13 @@ impl Kernels {
                     params: op_params(&k),
                     threads: ds4_codegen::block_threads(&k, target),
                     splits_items: ds4_codegen::splits_items(&k, target),
+                    dyn_shared: 0,
                 });
             }
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, threads: cuda_attention::THREADS });
+            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, threads: cuda_attention::THREADS, dyn_shared: 0 });
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {
@@ -134,7 +139,11 @@ impl Kernels {
         for (u, p) in units.into_iter().zip(ptx) {
             let module = dev.ctx.load_module(p?)?;
             let func = module.load_function(&u.name)?;
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items });
+            if u.dyn_shared > 0 {
+                // Past 48 KiB a kernel must ask for its dynamic shared memory.
+                func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
+            }
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, dyn_shared: u.dyn_shared });
         }
         Ok(Kernels { by_name, target })
     }
@@ -147,5 +156,5 @@ impl Kernels {
 fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
-    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false })
+    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, dyn_shared: k.dynamic_shared })
 }

@@ -272,7 +272,8 @@ pub enum Arg {
 }
 
 /// Launches `f` on the default stream.
-pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32, u32, u32), args: &[Arg]) -> Result<(), CudaError> {
+/// `shared`: bytes of dynamic shared memory (`Loaded::dyn_shared`).
+pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32, args: &[Arg]) -> Result<(), CudaError> {
     if grid.0 == 0 || grid.1 == 0 {
         return Ok(());
     }
@@ -295,6 +296,6 @@ pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32
     // SAFETY: `params` points at one value per kernel parameter, of the parameter's size
     // or larger (the generated signatures and `args` are checked against each other by
     // the caller), alive until the call returns (the driver copies them at launch).
-    unsafe { result::launch_kernel(f.cu_function(), grid, block, 0, std::ptr::null_mut(), &mut params) }?;
+    unsafe { result::launch_kernel(f.cu_function(), grid, block, shared, std::ptr::null_mut(), &mut params) }?;
     Ok(())
 }

@@ -75,7 +75,7 @@ impl GpuExecutor<'_> {
             }
             args.push(a);
         }
-        launch(self.dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), &args)?;
+        launch(self.dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), k.dyn_shared, &args)?;
         Ok(())
     }
 

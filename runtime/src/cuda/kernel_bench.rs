@@ -171,7 +171,7 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
                     )
                 }
             };
-            launch(&dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), &args)
+            launch(&dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), k.dyn_shared, &args)
         };
         call(0)?;
         dev.synchronize()?;
