@@ -8,11 +8,13 @@
 //!    bit for bit, as every other de-quantization) and stages the tokens' 64 × 32 x tile;
 //! 2. each warp multiplies its 32 × 32 quarter with `mma.sync.m16n8k8` on TF32.
 //!
-//! TF32 keeps 10 bits of mantissa, so every operand is split in two TF32 numbers
-//! (`big = tf32(v)`, `small = tf32(v − big)`) and three products are accumulated in f32:
-//! `big·big + big·small + small·big` (the dropped `small·small` is below 2^-22 of the
-//! product). The result matches an f32 dot product to about f32 rounding, which is what
-//! the kernel parity test holds it to (the same bound as the SIMT kernel).
+//! TF32 keeps 10 bits of mantissa, so every operand is split in two TF32 numbers by
+//! truncation (`big`: v's top 11 significant bits, `small`: the top 11 of the exact rest
+//! `v − big`) and three products are accumulated in f32: `big·big + big·small +
+//! small·big`. Each operand is kept to 2^-20 of itself and the dropped `small·small` is
+//! below 2^-20 of the product, so each term is within 3·2^-20 of its exact value and the
+//! sum within about 3e-6 of Σ|w·x| before f32 accumulation: the kernel parity test holds
+//! it to 1e-5 of Σ|w·x|, the SIMT kernel's bound (measured on the H200: ≤ 1.1e-6).
 //!
 //! The kernel is latency-bound (Nsight Compute on the H200: 19-25% occupancy, register-
 //! limited, ~6 cycles between a warp's instructions), so the steps are pipelined and every
@@ -66,11 +68,12 @@ pub fn stage_elems(block_elems: u64, per_element_blocks: bool) -> Option<u64> {
 }
 
 /// Helpers placed before the kernel: the TF32 split, one MMA, a 16-byte async copy.
-const MMA_HELPERS: &str = r#"// v = big + small, both TF32 (round to nearest): 21 of f32's 24 bits survive.
+const MMA_HELPERS: &str = r#"// v ≈ big + small, both TF32, by truncation: big keeps v's top 11 significant bits,
+// v - big is exact and small keeps its top 11 (two masks and a subtraction: the
+// rounding conversion measured 22% slower for the whole kernel on the H200).
 __device__ __forceinline__ void ds4_split_tf32(const float v, unsigned int& big, unsigned int& small) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(v));
-    const float rest = v - __uint_as_float(big);
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(rest));
+    big = __float_as_uint(v) & 0xffffe000u;
+    small = __float_as_uint(v - __uint_as_float(big)) & 0xffffe000u;
 }
 
 // c (16 × 8, f32) += a (16 × 8, TF32, row-major) · b (8 × 8, TF32, column-major).
