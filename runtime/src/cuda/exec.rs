@@ -504,7 +504,7 @@ impl GpuExecutor<'_> {
                     self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };
-            profile::stop(self.dev, t_node, node.op.name())?;
+            profile::stop(self.dev, t_node, node.op.name(), label)?;
             vals.insert(id.index(), value);
             for i in &ins {
                 if last_use[i.index()] == step {
