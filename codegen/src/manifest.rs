@@ -54,9 +54,9 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
         // The row list in chunks (more of them when there are few items), then a merge.
         Op::Attention { .. } => &["attention_partial", "attention_merge"],
-        Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::MatMul | Op::GroupedMatMul { .. } | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => {
-            &[]
-        }
+        // A tensor-core matmul split over k adds its slices (CUDA, runtime/src/cuda/exec.rs).
+        Op::MatMul | Op::GroupedMatMul { .. } => &["add"],
+        Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => &[],
     }
 }
 

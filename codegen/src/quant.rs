@@ -30,7 +30,7 @@ mod metal;
 mod runs;
 
 pub use cuda_matvec::{MATVEC_WARPS, SPLIT_BELOW as MATVEC_SPLIT_BELOW};
-pub use cuda_mma::{MMA_ROWS, MMA_TOKENS};
+pub use cuda_mma::{mma_k_unit, MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 
 use crate::render::f32_digits;
@@ -139,7 +139,7 @@ impl QuantKernelKind {
                 s("has_wts"),
                 s("row_blocks"),
             ],
-            QuantKernelKind::MatMul | QuantKernelKind::MatMulMma => vec![
+            QuantKernelKind::MatMul => vec![
                 b("out", F32, true),
                 b("w", Bytes, false),
                 b("x", F32, false),
@@ -154,6 +154,13 @@ impl QuantKernelKind {
                 s("x_div"),
                 s("has_idx"),
             ],
+            // The matmul's, and a split over k: columns per slice (blockIdx.z) and the
+            // distance between the slices' outputs (`quant/cuda_mma.rs`).
+            QuantKernelKind::MatMulMma => {
+                let mut p = QuantKernelKind::MatMul.params();
+                p.extend([s("k_slice"), s("out_slice")]);
+                p
+            }
         }
     }
 
@@ -163,7 +170,7 @@ impl QuantKernelKind {
             QuantKernelKind::DequantRows => "[rows, 1, 1]",
             QuantKernelKind::MatVec => "[row_blocks (≤ n), m, 1]",
             QuantKernelKind::MatMul => "[n, ceil(m / 8) or groups, 1]",
-            QuantKernelKind::MatMulMma => "[ceil(n / 64), ceil(m / 64) or groups, 1]",
+            QuantKernelKind::MatMulMma => "[ceil(n / 64), ceil(m / 64) or groups, ceil(k / k_slice)]",
         }
     }
 

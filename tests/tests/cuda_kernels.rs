@@ -495,7 +495,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let m2 = r.range(2, 80);
         let x2 = r.f32_floats(m2 * 2 * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let x2b = dev.upload(&x2).unwrap();
-        let (mut worst_mm, mut worst_listed) = (0f64, 0f64);
+        let (mut worst_mm, mut worst_listed, mut max_slices) = (0f64, 0f64, 1usize);
         for kind in [QuantKernelKind::MatMul, QuantKernelKind::MatMulMma] {
             let mma = kind == QuantKernelKind::MatMulMma;
             let (tile, blocks_x) = if mma { (ds4_runtime::cuda::MMA_TOKENS, rows.div_ceil(ds4_runtime::cuda::MMA_ROWS)) } else { (ds4_runtime::cuda::MATMUL_TOKENS as usize, rows) };
@@ -503,10 +503,25 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             // m2 tokens (not a multiple of the tile); rows in two groups when they split
             // evenly (grouped matmul: group g reads x's g-th slice), SIMT only.
             let groups = if rows % 2 == 0 && !mma { 2 } else { 1 };
-            let mm_out = dev.alloc(m2 * rows * 4).unwrap();
-            let args = [Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
-            launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, 1), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
-            let got2: Vec<f32> = mm_out.read(m2 * rows).unwrap();
+            // The tensor-core kernel split over k into its smallest slices (each its own
+            // output copy), added here in order as the runtime adds them.
+            let (k_slice, slices) = if mma {
+                let unit = ds4_runtime::cuda::mma_k_unit(ds4_ir::quant::spec(t).unwrap()) as usize;
+                (unit, k.div_ceil(unit))
+            } else {
+                (k, 1)
+            };
+            let mm_out = dev.alloc(slices * m2 * rows * 4).unwrap();
+            let mut args = vec![Arg::Ptr(mm_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idb.ptr), Arg::Ptr(idb.ptr), u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)];
+            if mma {
+                args.extend([u(k_slice), u(m2 * rows)]);
+            }
+            launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, slices as u32), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
+            let parts: Vec<f32> = mm_out.read(slices * m2 * rows).unwrap();
+            let got2: Vec<f32> = (0..m2 * rows).map(|i| (1..slices).fold(parts[i], |acc, z| acc + parts[z * m2 * rows + i])).collect();
+            if mma {
+                max_slices = max_slices.max(slices);
+            }
             for ti in 0..m2 {
                 for j in 0..rows {
                     let xo = (ti * groups + j / (rows / groups)) * k;
@@ -521,7 +536,10 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             let (idx, gexp) = ds4_runtime::cuda::expert_groups(&sel, ne, tile);
             let (idxb, gexpb) = (dev.upload(&idx).unwrap(), dev.upload(&gexp).unwrap());
             let ml_out = dev.alloc(m2 * per * 4).unwrap();
-            let args = [Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
+            let mut args = vec![Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
+            if mma {
+                args.extend([u(k), u(0)]);
+            }
             let bx = if mma { per.div_ceil(ds4_runtime::cuda::MMA_ROWS) } else { per };
             launch(&dev, &mm.func, (bx as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
             let got3: Vec<f32> = ml_out.read(m2 * per).unwrap();
@@ -533,7 +551,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         }
         let groups = if rows % 2 == 0 { 2 } else { 1 };
         let ne = groups;
-        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul and matmul_mma {worst_mm:.2e} ({m2} tokens, {groups} groups), by expert {worst_listed:.2e} ({ne} experts)");
+        println!("{t}: dequant_rows bit-exact {exact}; matvec worst |Δ|/Σ|w·x| {worst:.2e} ({rows} rows × {k}, {m} tokens); matmul and matmul_mma {worst_mm:.2e} ({m2} tokens, {groups} groups, {max_slices} k-slices), by expert {worst_listed:.2e} ({ne} experts)");
         assert!(worst_listed < 1e-5, "{t}: expert-grouped matmul off by {worst_listed}");
         assert!(worst_mm < 1e-5, "{t}: matmul off by {worst_mm}");
         assert!(exact, "{t}: GPU de-quantization differs from the CPU's");

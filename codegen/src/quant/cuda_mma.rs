@@ -23,24 +23,26 @@
 //!   into buffer i mod 2, waits for its x tile, synchronizes once, then starts the copies
 //!   step i + 1 needs (`cp.async`, 16 bytes each, straight into shared memory: no
 //!   registers held) and multiplies while they travel.
-//! - **Quantized rows are staged raw.** For block-quantized types the tile's bytes for
-//!   [`stage_elems`] columns (whole blocks) are copied the same way, a stage ahead, and
-//!   de-quantized from shared memory (`Lower::wbuf`, multi-byte fields read as aligned
-//!   words: `Lower::words`). A row's stretch need not be 16-byte aligned (66- and 84-byte
-//!   blocks): the copy starts at the aligned address below it and the row remembers its
-//!   shift. F32/F16 rows are read directly.
+//! - **Weight rows are staged raw.** The tile's bytes for [`stage_elems`] columns (whole
+//!   blocks) are copied the same way, a stage ahead, and de-quantized from shared memory
+//!   (`Lower::wbuf`, multi-byte fields read as aligned words: `Lower::words`). A row's
+//!   stretch need not be 16-byte aligned (66- and 84-byte blocks): the copy starts at the
+//!   aligned address below it and the row remembers its shift.
 //! - **MMA steps take columns a lane can load together.** An MMA sums over 8 columns in
 //!   any order, so MMA step σ of a 32-column step takes columns 8t + 2σ (as its k = t) and
 //!   8t + 2σ + 1 (as k = t + 4), t = 0..3: a lane's four values for two MMA steps are one
 //!   16-byte load, with the tiles in their natural order. With rows 36 floats apart
 //!   neither those loads nor the threads' 16-byte stores have bank conflicts.
-//! The tiles and staged rows are dynamic shared memory ([`QuantKernel::dynamic_shared`]:
-//! up to 49 KiB, past the 48 KiB of static shared memory a kernel may declare).
+//! The tiles and staged rows are dynamic shared memory (`QuantKernel::dynamic_shared`:
+//! 49-72 KiB, past the 48 KiB of static shared memory a kernel may declare).
+//!
+//! A launch may be split over k (`gridDim.z` slices of `k_slice` columns, a multiple of
+//! [`stage_elems`]): slice z writes its partial sums at `out + z·out_slice`, and the
+//! runtime adds the slices in order (`runtime/src/cuda/exec.rs`, `mma_k_slices`).
 //!
 //! A tile must not straddle two row groups of a grouped matmul: the runtime uses this
 //! kernel when `groups == 1` or `ng` is a multiple of [`MMA_ROWS`], the SIMT one otherwise.
 
-use super::runs::Shape;
 use super::{Lower, QuantGenError};
 use std::fmt::Write;
 
@@ -55,16 +57,20 @@ const TILE_BYTES: u64 = 4 * TILE_FLOATS * 4;
 /// Static shared memory besides the tables: the tokens' x offsets and output rows.
 pub(super) const TILE_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
 
-/// Columns staged raw at a time for a block-quantized type of `block_elems` elements per
-/// block (whole blocks, at least two 32-column steps: the pipeline loads a stage one
-/// stage ahead, during its first step, and waits for it in its second), or `None` when
-/// the type is read directly (`per_element_blocks`: F32, F16, BF16; blocks that are not
-/// whole steps).
-pub fn stage_elems(block_elems: u64, per_element_blocks: bool) -> Option<u64> {
-    if per_element_blocks || block_elems % 32 != 0 {
-        return None;
+/// Columns staged raw at a time for a type of `block_elems` elements per block: whole
+/// blocks and whole 32-column steps, at least two steps (the pipeline loads a stage
+/// during the previous stage's first step and waits for it in its second).
+pub fn stage_elems(block_elems: u64) -> u64 {
+    let (mut a, mut b) = (block_elems, 64);
+    while b != 0 {
+        (a, b) = (b, a % b);
     }
-    Some(block_elems * 64u64.div_ceil(block_elems))
+    block_elems / a * 64
+}
+
+/// Columns a slice of a split over k must be a multiple of for `spec` (a stage).
+pub fn mma_k_unit(spec: &ds4_ir::quant::QuantSpec) -> u64 {
+    stage_elems(spec.block_elems as u64)
 }
 
 /// Helpers placed before the kernel: the TF32 split, one MMA, a 16-byte async copy.
@@ -120,16 +126,16 @@ impl Lower<'_> {
         MMA_HELPERS
     }
 
-    fn mma_stage(&self) -> Option<Stage> {
+    fn mma_stage(&self) -> Stage {
         let (be, bb) = (self.spec.block_elems as u64, self.spec.block_bytes as u64);
-        let elems = stage_elems(be, self.shape() == Shape::Blocks)?;
+        let elems = stage_elems(be);
         let bytes = elems / be * bb;
-        Some(Stage { elems, vectors: (bytes + 15).div_ceil(16) })
+        Stage { elems, vectors: (bytes + 15).div_ceil(16) }
     }
 
     /// Dynamic shared memory of the kernel: the tiles and the staged rows, two buffers each.
     pub(super) fn mma_dynamic_shared(&self) -> u32 {
-        (TILE_BYTES + self.mma_stage().map_or(0, |s| 2 * s.buffer_bytes())) as u32
+        (TILE_BYTES + 2 * self.mma_stage().buffer_bytes()) as u32
     }
 
     /// The body of `matmul_mma_<type>` (after `kernel_open` and the tables' staging).
@@ -181,6 +187,11 @@ impl Lower<'_> {
             "const bool tok_ok = prow[trow] >= 0;".into(),
             "const unsigned long long tok_x = xrow[trow];".into(),
             "float wr[16];".into(),
+            // Split over k (few tiles, long rows): slice blockIdx.z sums columns
+            // [k_lo, k_hi) into its own copy of the output; the runtime adds the slices.
+            "const unsigned long long k_lo = (unsigned long long)blockIdx.z * k_slice;".into(),
+            "const unsigned long long k_hi = k_lo + k_slice < k ? k_lo + k_slice : k;".into(),
+            "float* const out_z = ds4_out + (unsigned long long)blockIdx.z * out_slice;".into(),
         ] {
             w(&mut o, 1, &l);
         }
@@ -290,47 +301,33 @@ impl Lower<'_> {
             }
             Ok(())
         };
-        match &stage {
-            None => {
-                x_copy(&mut o, 1, "0ull", "0u");
-                w(&mut o, 1, "unsigned int buf = 0u;");
-                w(&mut o, 1, "for (unsigned long long k0 = 0ull; k0 < k; k0 += 32ull, buf ^= 1u) {");
-                let next = |o: &mut String, d: usize| {
-                    w(o, d, "if (k0 + 32ull < k) {");
-                    x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
-                    w(o, d, "}");
-                };
-                step(&mut o, 2, self, "row_at", "k0 + half", &next)?;
-                w(&mut o, 1, "}");
-            }
-            Some(st) => {
-                let se = st.elems;
-                w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf));
-                // The first stage and x tile, complete before the first step reads them.
-                stage_copy(&mut o, 1, st, "0ull", "0u");
-                x_copy(&mut o, 1, "0ull", "0u");
-                w(&mut o, 1, "ds4_cp_wait();");
-                w(&mut o, 1, "__syncthreads();");
-                w(&mut o, 1, "unsigned int buf = 0u, sb = 0u;");
-                w(&mut o, 1, &format!("for (unsigned long long s0 = 0ull; s0 < k; s0 += {se}ull, sb ^= 1u) {{"));
-                // This thread's row in the staged copy: its slots plus the row's shift.
-                w(&mut o, 2, &format!("const unsigned long long my_at = sb * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (s0 / {be}ull) * {bb}ull)) & 15ull);", st.buffer_bytes(), st.vectors * 16));
-                w(&mut o, 2, &format!("for (unsigned long long k0 = s0; k0 < s0 + {se}ull && k0 < k; k0 += 32ull, buf ^= 1u) {{"));
-                let staged = Lower { wbuf: "wst", words: true, ..*self };
-                let next = |o: &mut String, d: usize| {
-                    // The next stage goes out during this stage's first step.
-                    w(o, d, &format!("if (k0 == s0 && s0 + {se}ull < k) {{"));
-                    stage_copy(o, d + 1, st, &format!("(s0 + {se}ull)"), "sb ^ 1u");
-                    w(o, d, "}");
-                    w(o, d, "if (k0 + 32ull < k) {");
-                    x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
-                    w(o, d, "}");
-                };
-                step(&mut o, 3, &staged, "my_at", "k0 - s0 + half", &next)?;
-                w(&mut o, 2, "}");
-                w(&mut o, 1, "}");
-            }
-        }
+        let st = &stage;
+        let se = st.elems;
+        w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf));
+        // The first stage and x tile, complete before the first step reads them.
+        stage_copy(&mut o, 1, st, "k_lo", "0u");
+        x_copy(&mut o, 1, "k_lo", "0u");
+        w(&mut o, 1, "ds4_cp_wait();");
+        w(&mut o, 1, "__syncthreads();");
+        w(&mut o, 1, "unsigned int buf = 0u, sb = 0u;");
+        w(&mut o, 1, &format!("for (unsigned long long s0 = k_lo; s0 < k_hi; s0 += {se}ull, sb ^= 1u) {{"));
+        // This thread's row in the staged copy: its slots plus the row's shift, less the
+        // stage's first block (the walk's element indices are the row's: `ea < k` holds).
+        w(&mut o, 2, &format!("const unsigned long long my_at = sb * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (s0 / {be}ull) * {bb}ull)) & 15ull) - (s0 / {be}ull) * {bb}ull;", st.buffer_bytes(), st.vectors * 16));
+        w(&mut o, 2, &format!("for (unsigned long long k0 = s0; k0 < s0 + {se}ull && k0 < k_hi; k0 += 32ull, buf ^= 1u) {{"));
+        let staged = Lower { wbuf: "wst", words: true, ..*self };
+        let next = |o: &mut String, d: usize| {
+            // The next stage goes out during this stage's first step.
+            w(o, d, &format!("if (k0 == s0 && s0 + {se}ull < k_hi) {{"));
+            stage_copy(o, d + 1, st, &format!("(s0 + {se}ull)"), "sb ^ 1u");
+            w(o, d, "}");
+            w(o, d, "if (k0 + 32ull < k_hi) {");
+            x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
+            w(o, d, "}");
+        };
+        step(&mut o, 3, &staged, "my_at", "k0 + half", &next)?;
+        w(&mut o, 2, "}");
+        w(&mut o, 1, "}");
         // c[i][j][q]: row g (+8 for q ≥ 2) of the warp's i-th 16 rows, token 2·t4 (+1 for
         // odd q) of its j-th 8 tokens.
         for l in [
@@ -340,7 +337,7 @@ impl Lower<'_> {
             "            const unsigned long long row = r0 + wm * 32u + i * 16u + g + (q >> 1) * 8u;",
             "            const long long p = prow[wn * 32u + j * 8u + 2u * t4 + (q & 1)];",
             "            if (p >= 0 && row < n) {",
-            "                ds4_out[(unsigned long long)p * n + row] = c[i][j][q];",
+            "                out_z[(unsigned long long)p * n + row] = c[i][j][q];",
             "            }",
             "        }",
             "    }",

@@ -43,6 +43,20 @@ pub(super) enum Shape {
     Blocks,
 }
 
+impl Shape {
+    /// How `spec`'s rows are walked.
+    pub(super) fn of(spec: &ds4_ir::quant::QuantSpec) -> Shape {
+        let (be, sb) = (spec.block_elems as u64, spec.sub_block as u64);
+        if sb % RUN == 0 {
+            Shape::InSub { run: RUN }
+        } else if RUN % be == 0 && be % sb == 0 {
+            Shape::Blocks
+        } else {
+            Shape::InSub { run: sb }
+        }
+    }
+}
+
 /// One token's share of a run: the offset of its x row and its accumulator.
 pub struct Token {
     pub xo: String,
@@ -120,14 +134,7 @@ impl Lower<'_> {
     }
 
     pub(super) fn shape(&self) -> Shape {
-        let (be, sb) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
-        if sb % RUN == 0 {
-            Shape::InSub { run: RUN }
-        } else if RUN % be == 0 && be % sb == 0 {
-            Shape::Blocks
-        } else {
-            Shape::InSub { run: sb }
-        }
+        Shape::of(self.spec)
     }
 
     /// The product of `factors` as one expression (`1.0` for none).

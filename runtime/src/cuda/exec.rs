@@ -58,14 +58,33 @@ pub type FreqCache = std::sync::Mutex<HashMap<Vec<u32>, Arc<DeviceBuf>>>;
 /// Named arguments of one launch.
 type Named<'n> = [(&'n str, Arg)];
 
+/// `ds4_codegen::quant::mma_k_unit` for type `t`.
+fn mma_k_unit(t: ds4_ir::GgmlType) -> Result<usize, ExecError> {
+    let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
+    Ok(ds4_codegen::quant::mma_k_unit(spec) as usize)
+}
+
+/// `(k_slice, slices)` of a tensor-core matmul of `tiles` blocks over rows of `k`
+/// columns: one slice where the tiles fill the GPU, else enough slices to give each of
+/// the `sms` SMs two blocks, each slice at least 1024 columns and a multiple of `unit`
+/// (`ds4_codegen::quant::mma_k_unit`).
+pub fn mma_k_slices(tiles: usize, k: usize, unit: usize, sms: usize) -> (usize, usize) {
+    if tiles == 0 || tiles >= sms {
+        return (k, 1);
+    }
+    let want = (2 * sms / tiles).min(k / 1024).max(1);
+    let k_slice = k.div_ceil(want).div_ceil(unit).max(1) * unit;
+    (k_slice, k.div_ceil(k_slice))
+}
+
 impl GpuExecutor<'_> {
     /// Launches kernel `name` over `grid` blocks, its arguments matched by name.
     fn call(&self, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
-        self.call_loaded(self.kernels.get(name)?, name, grid, named)
+        self.call_loaded(self.kernels.get(name)?, name, (grid.0, grid.1, 1), named)
     }
 
     /// `call` with the kernel already looked up.
-    fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
+    fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), named: &Named) -> Result<(), ExecError> {
         let mut args = Vec::with_capacity(k.params.len());
         for (p, sig) in &k.params {
             let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
@@ -75,7 +94,7 @@ impl GpuExecutor<'_> {
             }
             args.push(a);
         }
-        launch(self.dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), k.dyn_shared, &args)?;
+        launch(self.dev, &k.func, grid, (k.threads, 1, 1), k.dyn_shared, &args)?;
         Ok(())
     }
 
@@ -87,7 +106,7 @@ impl GpuExecutor<'_> {
             all.extend_from_slice(named);
             let k = self.kernels.get(name)?;
             let items = n_out / out_len;
-            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, out_len) as u32), &all)?;
+            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, out_len) as u32, 1), &all)?;
         }
         Ok(GVal::F(DevSlice::whole(out, n_out)))
     }
@@ -143,8 +162,16 @@ impl GpuExecutor<'_> {
     fn matmul_launch(&self, kind: QuantKernelKind, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
         let (idx, gexp) = listed.unwrap_or((self.dummy.ptr, self.dummy.ptr));
+        let blocks_x = if kind == QuantKernelKind::MatMulMma { n.div_ceil(MMA_ROWS) } else { n };
+        // Few tiles over long rows (the hyper-connection projections: one 64-row tile):
+        // a split over k into slices of their own output copies, added after.
+        let (k_slice, slices) = match (kind, listed) {
+            (QuantKernelKind::MatMulMma, None) => mma_k_slices(blocks_x * blocks_y, k, mma_k_unit(w.ty)?, self.dev.sms),
+            _ => (k, 1),
+        };
+        let scratch = if slices > 1 { Some(self.dev.alloc(slices * m * n * 4)?) } else { None };
         let named = [
-            ("out", Arg::Ptr(out.ptr)),
+            ("out", Arg::Ptr(scratch.as_ref().map_or(out.ptr, |s| s.ptr))),
             ("w", Arg::Ptr(w.ptr)),
             ("x", Arg::Ptr(x)),
             ("idx", Arg::Ptr(idx)),
@@ -157,9 +184,22 @@ impl GpuExecutor<'_> {
             ("ng", u(ng)),
             ("x_div", u(x_div)),
             ("has_idx", u(listed.is_some() as usize)),
+            ("k_slice", u(k_slice)),
+            ("out_slice", u(m * n)),
         ];
-        let blocks_x = if kind == QuantKernelKind::MatMulMma { n.div_ceil(MMA_ROWS) } else { n };
-        self.call(&kernel_name(kind, w.ty), (blocks_x as u32, blocks_y as u32), &named)
+        let name = kernel_name(kind, w.ty);
+        self.call_loaded(self.kernels.get(&name)?, &name, (blocks_x as u32, blocks_y as u32, slices as u32), &named)?;
+        if let Some(s) = scratch {
+            // The slices added in order (deterministic): out = s0 + s1, then out += s_z.
+            let add = self.kernels.get("add")?;
+            let slice = |z: usize| s.ptr + (z * m * n * 4) as u64;
+            for z in 1..slices {
+                let a = if z == 1 { slice(0) } else { out.ptr };
+                let named = [("out", Arg::Ptr(out.ptr)), ("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))];
+                self.call_loaded(add, "add", (m as u32, self.item_splits(add, m, n) as u32, 1), &named)?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
@@ -575,6 +615,21 @@ mod tests {
             let rows = &idx[g * TOKENS..(g + 1) * TOKENS];
             assert!(rows[0] >= 0, "a group's first row is always present");
             assert!(rows.iter().filter(|&&p| p >= 0).all(|&p| sel[p as usize] == e));
+        }
+    }
+
+    #[test]
+    fn k_slices_cover_the_row_in_whole_units() {
+        // Tiles that fill the GPU, or short rows: one slice.
+        assert_eq!(mma_k_slices(132, 16384, 32, 132), (16384, 1));
+        assert_eq!(mma_k_slices(4, 512, 32, 132), (512, 1));
+        // The hyper-connection projection (one 64-row tile × 32 token tiles, k = 16384).
+        assert_eq!(mma_k_slices(32, 16384, 64, 132), (2048, 8));
+        for (tiles, k, unit) in [(1, 4096, 256), (7, 10000, 32), (100, 2048, 64), (3, 3072, 256)] {
+            let (ks, n) = mma_k_slices(tiles, k, unit, 132);
+            assert_eq!(ks % unit, 0);
+            assert!(ks * n >= k && ks * (n - 1) < k, "{tiles} {k} {unit}: {ks} × {n}");
+            assert!(tiles * n <= 2 * 132 + tiles);
         }
     }
 }

@@ -171,6 +171,11 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
                     )
                 }
             };
+            let mut args = args;
+            if kind == QuantKernelKind::MatMulMma {
+                // One slice over k (no split): k_slice, out_slice.
+                args.extend([u(c.k), u(0)]);
+            }
             launch(&dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), k.dyn_shared, &args)
         };
         call(0)?;

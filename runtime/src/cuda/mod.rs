@@ -32,14 +32,14 @@ pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels, Loaded};
 pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf};
 pub use device_log::DeviceLog;
-pub use exec::{expert_groups, matvec_row_blocks};
+pub use exec::{expert_groups, matvec_row_blocks, mma_k_slices};
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;
 /// The tiled attention kernel (CUDA text): its name, launch and limits.
 pub use ds4_codegen::cuda_attention;
-pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, QuantKernelKind, MATVEC_SPLIT_BELOW, TOKENS as MATMUL_TOKENS};
+pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, mma_k_unit, QuantKernelKind, MATVEC_SPLIT_BELOW, TOKENS as MATMUL_TOKENS};
 /// Rows and tokens of a tensor-core matmul tile.
 pub const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;
 pub const MMA_TOKENS: usize = ds4_codegen::quant::MMA_TOKENS as usize;
