@@ -14,6 +14,27 @@ fn top_k_ties_go_to_the_lower_index_and_pad_with_minus_one() {
     assert_eq!(out, [1, -1, -1, -1]);
 }
 
+/// Against a stable sort: random rows with ties and -inf entries, k below, at and above
+/// the number of finite scores and of candidates, empty and all -inf rows; the output
+/// starts as garbage (every place must be written).
+#[test]
+fn top_k_matches_a_stable_sort() {
+    let mut r = ds4_ir::rng::Rng(0x70b);
+    for case in 0..400 {
+        let n = if case % 50 == 0 { 0 } else { r.range(1, 40) };
+        let k = r.range(1, 48);
+        let s: Vec<f32> = (0..n)
+            .map(|_| if r.coin(0.3) || case % 37 == 0 { f32::NEG_INFINITY } else { r.range(0, 6) as f32 * 0.5 })
+            .collect();
+        let mut order: Vec<usize> = (0..n).filter(|&i| s[i] > f32::NEG_INFINITY).collect();
+        order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+        let want: Vec<i32> = (0..k).map(|p| order.get(p).map_or(-1, |&i| i as i32)).collect();
+        let mut out = vec![77i32; k];
+        compress::top_k(0, &mut out, &s, n, k);
+        assert_eq!(out, want, "n {n} k {k} scores {s:?}");
+    }
+}
+
 #[test]
 fn fp8_round_trip_rounds_to_e4m3_with_ties_to_even() {
     // One block of 64 with amax 448: scale 1, so values are rounded as E4M3 directly.

@@ -133,28 +133,61 @@ pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F],
 /// missing picks are -1. Picks come out in descending (score, -index) order.
 ///
 /// By rank: candidate j's place is the number of candidates ahead of it in that order
-/// (stopping once k are found), and the first k places are the picks. Candidates are
-/// independent, so a GPU spreads them over a block's threads.
+/// (stopping once k are found), and the first k places are the picks. A candidate that
+/// gets a place has scanned the whole row, so it also knows how many candidates are
+/// finite: the last of them marks the places after its own empty (and iteration 0, when
+/// no candidate is finite, all of them). Every place is written by one iteration and
+/// nothing is read back, so the iterations are independent: one loop that a GPU spreads
+/// over a block's threads, and at decode (one item) over several blocks.
 #[ds4_macros::kernel(out = "k")]
 pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: usize) {
     let base = item * n;
-    'par: for p in 0..k {
-        out[p] = -1;
+    let mut extent = n;
+    if extent < 1 {
+        extent = 1;
     }
-    'par: for j in 0..n {
-        let s = scores[base + j];
+    'par: for j in 0..extent {
+        let mut s = F::neg_infinity();
+        if j < n {
+            s = scores[base + j];
+        }
         if s > F::neg_infinity() {
             let mut rank = 0;
+            let mut finite = 0;
             let mut i = 0;
             while i < n && rank < k {
                 let t = scores[base + i];
                 if t > s || (t == s && i < j) {
                     rank += 1;
                 }
+                if t > F::neg_infinity() {
+                    finite += 1;
+                }
                 i += 1;
             }
             if rank < k {
                 out[rank] = j as i32;
+                if rank + 1 == finite {
+                    for p in finite..k {
+                        out[p] = -1;
+                    }
+                }
+            }
+        } else {
+            if j == 0 {
+                let mut found = 0;
+                let mut i = 0;
+                while i < n && found == 0 {
+                    if scores[base + i] > F::neg_infinity() {
+                        found = 1;
+                    }
+                    i += 1;
+                }
+                if found == 0 {
+                    for p in 0..k {
+                        out[p] = -1;
+                    }
+                }
             }
         }
     }

@@ -98,27 +98,34 @@ impl GpuExecutor<'_> {
         Ok(())
     }
 
-    /// An op kernel over the items of an output of `n_out` floats, `out_len` per item.
+    /// An op kernel over the items of an output of `n_out` floats, `out_len` per item
+    /// (its parallel loop over the item's outputs, light work each).
     fn op(&self, name: &str, n_out: usize, out_len: usize, named: &Named) -> Result<GVal, ExecError> {
+        self.op_over(name, n_out, out_len, (out_len, 4), named)
+    }
+
+    /// `op` whose parallel loop has `work.0` iterations per item, at least `work.1` of
+    /// them per thread when an item is spread over blocks (see `item_splits`).
+    fn op_over(&self, name: &str, n_out: usize, out_len: usize, work: (usize, usize), named: &Named) -> Result<GVal, ExecError> {
         let out = self.dev.alloc(n_out * 4)?;
         if n_out > 0 && out_len > 0 {
             let mut all = vec![("out", Arg::Ptr(out.ptr))];
             all.extend_from_slice(named);
             let k = self.kernels.get(name)?;
             let items = n_out / out_len;
-            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, out_len) as u32, 1), &all)?;
+            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), &all)?;
         }
         Ok(GVal::F(DevSlice::whole(out, n_out)))
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
     /// (a decode step) and the kernel allows it, enough to give the SMs two blocks
-    /// each, and each thread at least 4 elements.
-    fn item_splits(&self, k: &Loaded, items: usize, out_len: usize) -> usize {
+    /// each, and each thread at least `per_thread` of the item's `work` iterations.
+    fn item_splits(&self, k: &Loaded, items: usize, work: usize, per_thread: usize) -> usize {
         if !k.splits_items || items >= self.dev.sms {
             return 1;
         }
-        let by_work = out_len.div_ceil(4 * k.threads as usize);
+        let by_work = work.div_ceil(per_thread * k.threads as usize);
         by_work.min((2 * self.dev.sms).div_ceil(items)).max(1)
     }
 
@@ -196,7 +203,7 @@ impl GpuExecutor<'_> {
             for z in 1..slices {
                 let a = if z == 1 { slice(0) } else { out.ptr };
                 let named = [("out", Arg::Ptr(out.ptr)), ("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))];
-                self.call_loaded(add, "add", (m as u32, self.item_splits(add, m, n) as u32, 1), &named)?;
+                self.call_loaded(add, "add", (m as u32, self.item_splits(add, m, n, 4) as u32, 1), &named)?;
             }
         }
         Ok(())
@@ -441,7 +448,11 @@ impl GpuExecutor<'_> {
                 }
                 Op::TopK { k } => {
                     let n = last(0);
-                    let GVal::F(s) = self.op("top_k", n_out, *k, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
+                    // A candidate's rank is a scan of up to n scores: one candidate per
+                    // thread, an item over as many blocks as that takes (decode at ctx
+                    // 8192: 2048 candidates, 4 blocks instead of 1).
+                    let work = (n.max(1), 1);
+                    let GVal::F(s) = self.op_over("top_k", n_out, *k, work, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
                     GVal::I(s)
                 }
                 Op::RouterWeights { scale, normalize } => {
