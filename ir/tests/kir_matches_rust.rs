@@ -137,11 +137,10 @@ fn cases(r: &mut Rng) -> Vec<Case> {
     let n_win = pos0 + t - win_pos0;
     let n_comp = r.range(0, 7);
     let k_sel = r.range(1, 5);
-    let sel: Vec<i32> = (0..t * k_sel).map(|_| r.range(0, n_comp + 1) as i32 - 1).collect();
 
     // The two-step attention of the GPU: chunks of the row list, then the merge.
     let nc = r.range(1, 5);
-    let sel2: Vec<i32> = (0..t * k_sel).map(|_| r.range(0, n_comp + 1) as i32 - 1).collect();
+    let sel: Vec<i32> = (0..t * k_sel).map(|_| r.range(0, n_comp + 1) as i32 - 1).collect();
     out.push(case(
         attention::attention_partial_kir(),
         t * heads * nc,
@@ -149,7 +148,7 @@ fn cases(r: &mut Rng) -> Vec<Case> {
             A::F(r.floats(t * heads * hd, -1.0, 1.0)),
             A::F(r.floats(n_win * hd, -1.0, 1.0)),
             A::F(r.floats(n_comp * hd, -1.0, 1.0)),
-            A::I(sel2),
+            A::I(sel),
             A::F(r.floats(heads, -1.0, 1.0)),
             A::U(heads),
             A::U(hd),
