@@ -45,7 +45,8 @@ pub const SPLIT_BELOW: u64 = 4096;
 /// resident blocks, register-limited: 12-37% occupancy, 0.4-1.8 TB/s).
 pub const MIN_BLOCKS: u32 = 8;
 
-fn lcm(a: u64, b: u64) -> u64 {
+/// Least common multiple (a whole number of blocks and of vectors or steps).
+pub(super) fn lcm(a: u64, b: u64) -> u64 {
     fn gcd(a: u64, b: u64) -> u64 {
         if b == 0 {
             a

@@ -61,11 +61,7 @@ pub(super) const TILE_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
 /// blocks and whole 32-column steps, at least two steps (the pipeline loads a stage
 /// during the previous stage's first step and waits for it in its second).
 pub fn stage_elems(block_elems: u64) -> u64 {
-    let (mut a, mut b) = (block_elems, 64);
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    block_elems / a * 64
+    super::cuda_matvec::lcm(block_elems, 64)
 }
 
 /// Columns a slice of a split over k must be a multiple of for `spec` (a stage).
@@ -346,5 +342,21 @@ impl Lower<'_> {
             w(&mut o, 1, l);
         }
         Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_hold_whole_blocks_and_at_least_two_steps() {
+        for (be, want) in [(1u64, 64u64), (32, 64), (256, 256), (48, 192)] {
+            let se = stage_elems(be);
+            assert_eq!(se, want, "{be}");
+            assert_eq!(se % be, 0);
+            assert_eq!(se % 32, 0);
+            assert!(se >= 64);
+        }
     }
 }
