@@ -7,6 +7,9 @@
 //! move: to the front of the same buffer if the dead prefix is larger than they are (the
 //! two ranges then do not overlap), else to a new buffer of twice the capacity. A decode
 //! step, one row in and one row trimmed, so copies its live rows once every ~len steps.
+//! A buffer more than [`SHRINK_BELOW`] times larger than what a push needs (a long prompt
+//! grew it, the window then trimmed it) is replaced by one of twice that: a session does
+//! not keep the memory of its largest batch.
 //!
 //! The buffer operations are the backend's ([`RowBuffer`]); this file is the arithmetic,
 //! checked on the host against `RowLog` (tests below and in `slot_ops`).
@@ -16,6 +19,10 @@ use crate::state::{check_whole_rows, LogStore};
 
 /// Rows a new buffer holds at least (a decode step pushes one at a time).
 const MIN_ROWS: usize = 64;
+
+/// A push that needs less than 1/SHRINK_BELOW of the buffer (and the buffer is larger than
+/// a minimal one of twice that) moves the live rows to a buffer of twice what it needs.
+const SHRINK_BELOW: usize = 8;
 
 /// One buffer of elements of fixed capacity, where a [`GrowLog`] keeps its rows.
 pub trait RowBuffer: Sized {
@@ -61,9 +68,17 @@ impl<B: RowBuffer> GrowLog<B> {
     /// element where those rows go. On an error (no memory) the log is as it was.
     fn make_room(&mut self, n: usize, src: &B::Src<'_>) -> Result<(&B, usize), ExecError> {
         let (w, cap) = (self.width, self.cap());
-        let fits = self.start + self.len + n <= cap;
-        let compact = self.start > self.len && self.len + n <= cap;
+        let need = self.len + n;
+        let fits = self.start + need <= cap;
+        let compact = self.start > self.len && need <= cap;
+        let shrink = cap > SHRINK_BELOW * need && cap > 2 * MIN_ROWS;
         match &self.buf {
+            Some(old) if shrink => {
+                let new = B::alloc(src, (2 * need).max(MIN_ROWS) * w)?;
+                new.copy(0, old, self.start * w, self.len * w)?;
+                self.buf = Some(new);
+                self.start = 0;
+            }
             Some(_) if fits => {}
             Some(b) if compact => {
                 b.copy(0, b, self.start * w, self.len * w)?;
@@ -254,6 +269,30 @@ mod tests {
         assert!(allocs() <= 3, "{} buffers for a log of {keep} rows", allocs());
         let all: Vec<f64> = (4900..5000).flat_map(|p| [p as f64, -(p as f64)]).collect();
         assert_eq!(g.rows(4900, 5000), Some(all));
+    }
+
+    /// A long batch, then the window trims the log: the next push moves the live rows to a
+    /// buffer sized for them, and they read back unchanged.
+    #[test]
+    fn a_buffer_shrinks_after_the_window_trims_a_long_batch() {
+        let w = 2;
+        let mut g = GrowLog::<VecBuf>::new(w);
+        let rows: Vec<f64> = (0..4000 * w).map(|v| v as f64).collect();
+        g.push(&rows).unwrap();
+        assert!(g.cap() >= 4000);
+        g.trim_front(3900);
+        g.push(&[-1.0, -2.0]).unwrap();
+        assert!(g.cap() <= 2 * 101usize.max(MIN_ROWS), "capacity {} for 101 rows", g.cap());
+        let mut want: Vec<f64> = (3900 * w..4000 * w).map(|v| v as f64).collect();
+        want.extend([-1.0, -2.0]);
+        assert_eq!(g.rows(3900, 4001), Some(want));
+        // Decode from here on does not shrink or grow again.
+        let before = ALLOCS.with(|a| a.get());
+        for p in 0..1000usize {
+            g.push(&[p as f64, 0.0]).unwrap();
+            g.trim_front(g.end() - 101);
+        }
+        assert!(ALLOCS.with(|a| a.get()) - before <= 1);
     }
 
     #[test]
