@@ -631,3 +631,31 @@ fn gcd(a: usize, b: usize) -> usize {
         gcd(b, a % b)
     }
 }
+
+/// A device log through a long batch, the window's trim, the shrink that follows and a
+/// run of decode pushes: the rows read back as pushed (`GrowLog`'s arithmetic is checked
+/// on the host; this checks the device copies it asks for).
+#[test]
+fn device_log_keeps_its_rows_through_growth_and_shrink() {
+    use ds4_runtime::cuda::{DevSlice, DeviceLog};
+    use ds4_runtime::state::LogStore;
+    let Some(dev) = device() else { return };
+    let w = 3;
+    let upload = |v: &[f32]| DevSlice::whole(dev.upload(v).unwrap(), v.len());
+    let mut log = DeviceLog::new(w);
+    let long: Vec<f32> = (0..4000 * w).map(|v| v as f32).collect();
+    log.push(&upload(&long)).unwrap();
+    let grown = log.bytes();
+    log.trim_front(3900);
+    let mut want: Vec<f32> = long[3900 * w..].to_vec();
+    for p in 0..300 {
+        let row = [-(p as f32), p as f32, 0.5];
+        log.push(&upload(&row)).unwrap();
+        want.extend(row);
+        log.trim_front(log.end() - 100);
+        want.drain(..want.len() - 100 * w);
+    }
+    assert!(log.bytes() * 8 < grown, "the log kept {} of {grown} bytes", log.bytes());
+    let got: Vec<f32> = log.rows(log.first(), log.end()).unwrap().read().unwrap();
+    assert_eq!(got, want);
+}
