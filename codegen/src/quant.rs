@@ -181,7 +181,7 @@ impl QuantKernelKind {
             QuantKernelKind::MatVec | QuantKernelKind::MatMul => THREADS * 4,
             // Static: the token bookkeeping; the tiles and staged rows are dynamic
             // (`QuantKernel::dynamic_shared`).
-            QuantKernelKind::MatMulMma => cuda_mma::TILE_SHARED_BYTES as u32,
+            QuantKernelKind::MatMulMma => cuda_mma::STATIC_SHARED_BYTES as u32,
         }
     }
 }
@@ -389,7 +389,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         }
     };
     if kind == QuantKernelKind::MatMulMma {
-        src.push_str(&lower.mma_helpers());
+        src.push_str(lower.mma_helpers());
         src.push_str(&syn.kernel_open(&name, &params, 0, None));
         stage(&mut src);
         src.push_str(&lower.mma_body()?);
@@ -404,7 +404,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         stage(&mut src);
         src.push_str(&lower.staged_matvec_body()?);
         src.push_str("}\n");
-        let shared_bytes = (MATVEC_WARPS * (cuda_matvec::chunk_bytes(spec.block_bytes as u64) + 16)) as u32 + lower.staged_table_bytes() as u32;
+        let shared_bytes = (MATVEC_WARPS * (cuda_matvec::chunk_bytes(spec.block_bytes as u64) + WORDS_PAD)) as u32 + lower.staged_table_bytes() as u32;
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, dynamic_shared: 0, source: src });
     }
     src.push_str(&syn.kernel_globals(&params, shared));
@@ -460,6 +460,10 @@ struct Lower<'a> {
     /// blocks are at best 2-byte aligned).
     words: bool,
 }
+
+/// Bytes of padding after a staged copy read with `Lower::words` (a field's second word
+/// may lie up to 4 bytes past its end); 16 keeps the next copy 16-byte aligned.
+pub(crate) const WORDS_PAD: u64 = 16;
 
 impl Lower<'_> {
     /// Bytes of the tables' shared-memory copies (none when they are read from constants).

@@ -72,26 +72,24 @@ impl<B: RowBuffer> GrowLog<B> {
         let fits = self.start + need <= cap;
         let compact = self.start > self.len && need <= cap;
         let shrink = cap > SHRINK_BELOW * need && cap > 2 * MIN_ROWS;
-        match &self.buf {
-            Some(old) if shrink => {
-                let new = B::alloc(src, (2 * need).max(MIN_ROWS) * w)?;
-                new.copy(0, old, self.start * w, self.len * w)?;
-                self.buf = Some(new);
-                self.start = 0;
-            }
-            Some(_) if fits => {}
+        // Rows of the new buffer the live rows move to, if they move to one.
+        let new_rows = match &self.buf {
+            Some(_) if shrink => Some(2 * need),
+            Some(_) if fits => None,
             Some(b) if compact => {
                 b.copy(0, b, self.start * w, self.len * w)?;
                 self.start = 0;
+                None
             }
-            old => {
-                let new = B::alloc(src, (2 * cap).max(self.len + n).max(MIN_ROWS) * w)?;
-                if let Some(old) = old {
-                    new.copy(0, old, self.start * w, self.len * w)?;
-                }
-                self.buf = Some(new);
-                self.start = 0;
+            _ => Some((2 * cap).max(need)),
+        };
+        if let Some(rows) = new_rows {
+            let new = B::alloc(src, rows.max(MIN_ROWS) * w)?;
+            if let Some(old) = &self.buf {
+                new.copy(0, old, self.start * w, self.len * w)?;
             }
+            self.buf = Some(new);
+            self.start = 0;
         }
         let at = (self.start + self.len) * w;
         self.buf.as_ref().map(|b| (b, at)).ok_or_else(|| ExecError::Internal("a log without a buffer after making room".into()))

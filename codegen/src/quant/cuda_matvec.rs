@@ -72,8 +72,7 @@ impl Lower<'_> {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
         for l in [
-            // 16 bytes of padding: word reads (`Lower::words`) may touch 4 bytes past a field.
-            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{}];", chunk + 16),
+            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{}];", chunk + super::WORDS_PAD),
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
             "const unsigned long long warp = ds4_tid >> 5;".into(),
             "unsigned char* const ds4_stage_w = ds4_stage[warp];".into(),

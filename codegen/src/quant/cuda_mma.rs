@@ -33,6 +33,7 @@
 //!   8t + 2σ + 1 (as k = t + 4), t = 0..3: a lane's four values for two MMA steps are one
 //!   16-byte load, with the tiles in their natural order. With rows 36 floats apart
 //!   neither those loads nor the threads' 16-byte stores have bank conflicts.
+//!
 //! The tiles and staged rows are dynamic shared memory (`QuantKernel::dynamic_shared`:
 //! 49-72 KiB, past the 48 KiB of static shared memory a kernel may declare).
 //!
@@ -55,7 +56,7 @@ const TILE_FLOATS: u64 = 64 * 36;
 /// Dynamic shared memory of the tiles: weight and x tiles, two buffers each.
 const TILE_BYTES: u64 = 4 * TILE_FLOATS * 4;
 /// Static shared memory besides the tables: the tokens' x offsets and output rows.
-pub(super) const TILE_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
+pub(super) const STATIC_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
 
 /// Columns staged raw at a time for a type of `block_elems` elements per block: whole
 /// blocks and whole 32-column steps, at least two steps (the pipeline loads a stage
@@ -110,9 +111,9 @@ impl Stage {
     fn per_thread(&self) -> u64 {
         (MMA_ROWS * self.vectors).div_ceil(128)
     }
-    /// Bytes of one stage buffer (16 of padding: word reads may touch 4 bytes past a field).
+    /// Bytes of one stage buffer, padded for word reads (`WORDS_PAD`).
     fn buffer_bytes(&self) -> u64 {
-        MMA_ROWS * self.vectors * 16 + 16
+        MMA_ROWS * self.vectors * 16 + super::WORDS_PAD
     }
 }
 

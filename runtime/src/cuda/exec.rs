@@ -59,7 +59,7 @@ pub type FreqCache = std::sync::Mutex<HashMap<Vec<u32>, Arc<DeviceBuf>>>;
 type Named<'n> = [(&'n str, Arg)];
 
 /// `ds4_codegen::quant::mma_k_unit` for type `t`.
-fn mma_k_unit(t: ds4_ir::GgmlType) -> Result<usize, ExecError> {
+fn k_unit_of(t: ds4_ir::GgmlType) -> Result<usize, ExecError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     Ok(ds4_codegen::quant::mma_k_unit(spec) as usize)
 }
@@ -109,13 +109,17 @@ impl GpuExecutor<'_> {
     fn op_over(&self, name: &str, n_out: usize, out_len: usize, work: (usize, usize), named: &Named) -> Result<GVal, ExecError> {
         let out = self.dev.alloc(n_out * 4)?;
         if n_out > 0 && out_len > 0 {
-            let mut all = vec![("out", Arg::Ptr(out.ptr))];
-            all.extend_from_slice(named);
-            let k = self.kernels.get(name)?;
-            let items = n_out / out_len;
-            self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), &all)?;
+            self.items_into(name, out.ptr, n_out / out_len, work, named)?;
         }
         Ok(GVal::F(DevSlice::whole(out, n_out)))
+    }
+
+    /// Op kernel `name` over `items` items into `out` (see `op_over`).
+    fn items_into(&self, name: &str, out: u64, items: usize, work: (usize, usize), named: &Named) -> Result<(), ExecError> {
+        let mut all = vec![("out", Arg::Ptr(out))];
+        all.extend_from_slice(named);
+        let k = self.kernels.get(name)?;
+        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), &all)
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
@@ -173,7 +177,7 @@ impl GpuExecutor<'_> {
         // Few tiles over long rows (the hyper-connection projections: one 64-row tile):
         // a split over k into slices of their own output copies, added after.
         let (k_slice, slices) = match (kind, listed) {
-            (QuantKernelKind::MatMulMma, None) => mma_k_slices(blocks_x * blocks_y, k, mma_k_unit(w.ty)?, self.dev.sms),
+            (QuantKernelKind::MatMulMma, None) => mma_k_slices(blocks_x * blocks_y, k, k_unit_of(w.ty)?, self.dev.sms),
             _ => (k, 1),
         };
         let scratch = if slices > 1 { Some(self.dev.alloc(slices * m * n * 4)?) } else { None };
@@ -198,12 +202,10 @@ impl GpuExecutor<'_> {
         self.call_loaded(self.kernels.get(&name)?, &name, (blocks_x as u32, blocks_y as u32, slices as u32), &named)?;
         if let Some(s) = scratch {
             // The slices added in order (deterministic): out = s0 + s1, then out += s_z.
-            let add = self.kernels.get("add")?;
             let slice = |z: usize| s.ptr + (z * m * n * 4) as u64;
             for z in 1..slices {
                 let a = if z == 1 { slice(0) } else { out.ptr };
-                let named = [("out", Arg::Ptr(out.ptr)), ("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))];
-                self.call_loaded(add, "add", (m as u32, self.item_splits(add, m, n, 4) as u32, 1), &named)?;
+                self.items_into("add", out.ptr, m, (n, 4), &[("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))])?;
             }
         }
         Ok(())
