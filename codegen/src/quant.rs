@@ -263,7 +263,7 @@ pub trait QuantSyntax {
         format!("{c}{} {name} = {init};", self.word(w))
     }
     /// `for` header up to the brace: `var` from `start` while `< end`, adding `step`.
-    fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String;
+    fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String;
     /// A module-scope constant table.
     fn table(&self, name: &str, w: Word, values: &[String]) -> String;
     /// Everything before the tables and functions.
@@ -364,7 +364,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
@@ -459,6 +459,9 @@ struct Lower<'a> {
     /// loads and a funnel shift instead of a load per byte (fields of 66- and 84-byte
     /// blocks are at best 2-byte aligned).
     words: bool,
+    /// Inside a run whose byte-array reads are hoisted (`runs.rs`, `Lower::run_bytes`):
+    /// the element's index in the run, a literal.
+    run_elem: Option<u64>,
 }
 
 /// Bytes of padding after a staged copy read with `Lower::words` (a field's second word
@@ -469,7 +472,8 @@ impl Lower<'_> {
     /// Bytes of the tables' shared-memory copies (none when they are read from constants).
     fn staged_table_bytes(&self) -> usize {
         if self.shared_tables {
-            self.spec.tables.iter().map(|t| t.len() * t.ty.bytes()).sum()
+            // Byte tables padded for word reads (`QuantSyntax::shared_table`).
+            self.spec.tables.iter().map(|t| t.len() * t.ty.bytes() + if t.ty.bytes() == 1 { WORDS_PAD as usize } else { 0 }).sum()
         } else {
             0
         }
@@ -478,8 +482,19 @@ impl Lower<'_> {
     fn u32(&self, v: u64) -> String {
         self.syn.int_lit(Word::U32, v as i128)
     }
+    /// The word of index arithmetic in the weight walk: 32 bits inside a staged copy
+    /// (offsets of a few KiB; 64-bit math costs the GPU two or more instructions for
+    /// each of its many address steps), the index word over whole weight tensors.
+    fn iw(&self) -> Word {
+        if self.words {
+            Word::U32
+        } else {
+            Word::Idx
+        }
+    }
+    /// An index constant (in `iw`).
     fn idx(&self, v: u64) -> String {
-        self.syn.int_lit(Word::Idx, v as i128)
+        self.syn.int_lit(self.iw(), v as i128)
     }
 
     /// `e` (held in `t`'s word) wrapped to `t`'s width: masks for narrow unsigned types,
@@ -519,7 +534,7 @@ impl Lower<'_> {
         let n = t.bytes();
         let base = match index {
             None => format!("(ds4_blk + {})", self.idx(offset as u64)),
-            Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(Word::Idx, &i), self.idx(n as u64)),
+            Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(self.iw(), &i), self.idx(n as u64)),
         };
         let at = |k: usize| if k == 0 { base.clone() } else { format!("{base} + {}", self.idx(k as u64)) };
         let byte = |k: usize| s.byte(self.wbuf, &at(k));
@@ -565,11 +580,17 @@ impl Lower<'_> {
                 self.field_load(f.offset, t, None)?
             }
             Expr::Load(name, t, i) => {
+                if let Some(v) = self.run_byte(e, t) {
+                    return Ok(v);
+                }
                 let f = self.spec.field(name).ok_or_else(|| QuantGenError(format!("no field {name}")))?;
                 self.field_load(f.offset, t, Some(self.expr(i)?))?
             }
-            Expr::Table(name, t, i) if self.shared_tables => s.cast(word_of(t), &format!("S_{name}[{}]", s.cast(Word::U32, &self.expr(i)?))),
-            Expr::Table(name, _, i) => format!("T_{name}[{}]", s.cast(Word::U32, &self.expr(i)?)),
+            Expr::Table(name, t, i) => match self.run_byte(e, t) {
+                Some(v) => v,
+                None if self.shared_tables => s.cast(word_of(t), &format!("S_{name}[{}]", s.cast(Word::U32, &self.expr(i)?))),
+                None => format!("T_{name}[{}]", s.cast(Word::U32, &self.expr(i)?)),
+            },
             Expr::Unary(op, t, a) => {
                 let a = self.expr(a)?;
                 match (op, t) {
@@ -737,7 +758,7 @@ impl Lower<'_> {
             QuantKernelKind::DequantRows => {
                 line(1, s.decl("row", Word::Idx, false, &s.cast(Word::Idx, &format!("{}[ds4_bx]", b("ids")))));
                 line(1, s.decl("row_base", Word::Idx, false, "row * row_bytes"));
-                line(1, format!("{} {{", s.for_header("e", "ds4_tid", "k", &threads)));
+                line(1, format!("{} {{", s.for_header(Word::Idx, "e", "ds4_tid", "k", &threads)));
                 line(2, format!("{}[ds4_bx * k + e] = {};", b("out"), self.dq_call("row_base", "e")));
                 line(1, "}".into());
             }
@@ -783,9 +804,9 @@ impl Lower<'_> {
             QuantKernelKind::MatVec => {
                 // Rows ds4_bx, ds4_bx + row_blocks, ..: fewer blocks than rows lets a block's
                 // one-time work (tables staged in shared memory) serve several rows.
-                line(1, format!("{} {{", s.for_header("row", "ds4_bx", "n", "row_blocks")));
+                line(1, format!("{} {{", s.for_header(Word::Idx, "row", "ds4_bx", "n", "row_blocks")));
                 line(2, s.decl("acc", Word::F32, true, &self.f32_const(0.0)));
-                line(2, format!("{} {{", s.for_header("jp", &self.idx(0), "picks", &self.idx(1))));
+                line(2, format!("{} {{", s.for_header(Word::Idx, "jp", &self.idx(0), "picks", &self.idx(1))));
                 line(3, s.decl("p", Word::Idx, false, "ds4_by * picks + jp"));
                 line(3, s.decl("pick", Word::I32, true, &s.int_lit(Word::I32, 0)));
                 line(3, format!("if (has_sel != {}) {{", self.idx(0)));

@@ -52,11 +52,12 @@ impl QuantSyntax for CudaQuant {
 
     fn word32(&self, buf: &str, addr: &str) -> Option<String> {
         let words = format!("((const unsigned int*){buf})");
-        Some(format!("__funnelshift_r({words}[({addr}) >> 2], {words}[(({addr}) >> 2) + 1ull], (unsigned int)(({addr}) & 3ull) * 8u)"))
+        // 32-bit literals: the address keeps its own width (a u32 inside staged copies).
+        Some(format!("__funnelshift_r({words}[({addr}) >> 2], {words}[(({addr}) >> 2) + 1u], (unsigned int)(({addr}) & 3u) * 8u)"))
     }
 
-    fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
-        format!("for (unsigned long long {var} = {start}; {var} < {end}; {var} += {step})")
+    fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String {
+        format!("for ({} {var} = {start}; {var} < {end}; {var} += {step})", self.word(w))
     }
 
     fn table(&self, name: &str, w: Word, values: &[String]) -> String {
@@ -150,8 +151,11 @@ impl QuantSyntax for CudaQuant {
             Ty::I16 => "short",
             _ => self.word(word),
         };
+        // Byte tables are read in words where a run's bytes are hoisted (`runs.rs`): the
+        // padding keeps the last word read inside the array.
+        let room = if ty.bytes() == 1 { len + super::WORDS_PAD as usize } else { len };
         Some(format!(
-            "    __shared__ __align__(16) {ctype} S_{name}[{len}];\n    for (unsigned int ds4_i = threadIdx.x; ds4_i < {len}u; ds4_i += blockDim.x) S_{name}[ds4_i] = ({ctype})T_{name}[ds4_i];\n"
+            "    __shared__ __align__(16) {ctype} S_{name}[{room}];\n    for (unsigned int ds4_i = threadIdx.x; ds4_i < {len}u; ds4_i += blockDim.x) S_{name}[ds4_i] = ({ctype})T_{name}[ds4_i];\n"
         ))
     }
 

@@ -104,14 +104,15 @@ impl Lower<'_> {
         // The staged chunk's dot with x into `part`, then the pick's share into `acc`; the
         // buffer is rewritten only after every lane has read it.
         let staged = Lower { wbuf: "ds4_stage_w", words: true, ..*self };
-        let walk = Walk { first: "(unsigned long long)lane", stride: "32ull", elems: "cn", bytes_at: "0ull", x_at: "ce0" };
+        // 32-bit index math inside the staged chunk (`Lower::iw`).
+        let walk = Walk { first: "lane", stride: "32u", elems: "cn", bytes_at: "0u", x_at: "ce0" };
         let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str| -> Result<(), QuantGenError> {
             for l in [
                 // 32-bit divisions (a 64-bit one is a long software routine).
                 "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
                 // The chunk's elements: whole blocks, the first at element c0 / bb · be.
                 format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
-                format!("const unsigned long long cn = (unsigned long long)(len / {bb}u) * {be}ull;"),
+                format!("const unsigned int cn = (len / {bb}u) * {be}u;"),
                 "float part = 0.0f;".into(),
             ] {
                 w(depth, &l);

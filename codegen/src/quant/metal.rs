@@ -44,8 +44,8 @@ impl QuantSyntax for MetalQuant {
         format!("((uint){buf}[{addr}])")
     }
 
-    fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
-        format!("for (uint {var} = {start}; {var} < {end}; {var} += {step})")
+    fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String {
+        format!("for ({} {var} = {start}; {var} < {end}; {var} += {step})", self.word(w))
     }
 
     fn table(&self, name: &str, w: Word, values: &[String]) -> String {

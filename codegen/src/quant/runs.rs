@@ -17,6 +17,12 @@
 //!   own block; nothing to factor, but the run still amortises the loop and indexing,
 //!   and a tail loop takes the last `k % RUN` elements.
 //! Other layouts take runs of one sub-block.
+//!
+//! Reading a staged copy (`Lower::words`), a run's bytes of a byte array read at
+//! `X + j` (X the same for the whole run: Q8_0's `qs[j]`, Q2_K's and Q4_K's packed
+//! values) are consecutive: they are read once per run as words (`run_bytes`), and each
+//! element takes its byte from a register. On the GPU a byte load per element was most
+//! of the mat-vec's shared-memory traffic.
 
 use super::{Lower, Word};
 use ds4_ir::quant::{BinOp, Expr, Level, Ty};
@@ -133,6 +139,101 @@ impl Lower<'_> {
         Some(Factored { scale, elem, offset })
     }
 
+    /// `e` as a read of a byte array or a byte table at `X + j` (X not per element).
+    fn byte_run_of(&self, e: &Expr) -> Option<ByteRun> {
+        let (table, name, t, i) = match *e {
+            Expr::Load(name, t, i) => (false, name, t, i),
+            // Tables only from their shared-memory copies (padded for word reads).
+            Expr::Table(name, t, i) if self.shared_tables => (true, name, t, i),
+            _ => return None,
+        };
+        if t.bytes() != 1 {
+            return None;
+        }
+        let x = match *i {
+            Expr::Lane => None,
+            Expr::Binary(BinOp::Add, _, x, Expr::Lane) | Expr::Binary(BinOp::Add, _, Expr::Lane, x) if self.level(x) != Level::Elem => Some(x),
+            _ => return None,
+        };
+        Some(ByteRun { table, name, x })
+    }
+
+    /// The byte reads a run hoists (see the module comment), in the order they first
+    /// appear in the element's lets and value; none unless the weights are read in words
+    /// and runs hold whole words.
+    fn run_byte_reads(&self, run: u64) -> Vec<ByteRun> {
+        fn walk(l: &Lower, e: &'static Expr, out: &mut Vec<ByteRun>) {
+            if let Some(r) = l.byte_run_of(e) {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+                return;
+            }
+            match *e {
+                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => walk(l, a, out),
+                Expr::Binary(_, _, a, b) => {
+                    walk(l, a, out);
+                    walk(l, b, out);
+                }
+                Expr::Select(_, c, a, b) => {
+                    walk(l, c, out);
+                    walk(l, a, out);
+                    walk(l, b, out);
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        if !self.words || run % 4 != 0 {
+            return out;
+        }
+        for l in self.spec.lets.iter().filter(|l| l.level == Level::Elem) {
+            walk(self, l.value, &mut out);
+        }
+        walk(self, self.spec.value, &mut out);
+        out
+    }
+
+    /// Declarations of the run's hoisted byte words: read `k`'s bytes from the run's
+    /// first element are `ds4_rw<k>_0`, `ds4_rw<k>_1`, .. (four a word).
+    fn run_byte_words(&self, run: u64) -> Result<Vec<String>, super::QuantGenError> {
+        let s = self.syn;
+        let mut out = Vec::new();
+        for (k, r) in self.run_byte_reads(run).into_iter().enumerate() {
+            let (buf, mut start) = if r.table {
+                (format!("S_{}", r.name), self.idx(0))
+            } else {
+                let f = self.spec.field(r.name).ok_or_else(|| super::QuantGenError(format!("no field {}", r.name)))?;
+                (self.wbuf.to_string(), format!("ds4_blk + {}", self.idx(f.offset as u64)))
+            };
+            if let Some(x) = r.x {
+                start += &format!(" + {}", s.cast(self.iw(), &self.expr(x)?));
+            }
+            if run != self.spec.sub_block as u64 {
+                start += &format!(" + {}", s.cast(self.iw(), "uj"));
+            }
+            out.push(s.decl(&format!("ds4_ra{k}"), self.iw(), false, &start));
+            for w in 0..run / 4 {
+                let word = s.word32(&buf, &format!("ds4_ra{k} + {}", self.idx(4 * w))).ok_or_else(|| super::QuantGenError("word reads without word32".into()))?;
+                out.push(s.decl(&format!("ds4_rw{k}_{w}"), Word::U32, false, &word));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Inside a run (`run_elem`), a hoisted byte read as its byte of the run's words.
+    pub(super) fn run_byte(&self, e: &Expr, t: Ty) -> Option<String> {
+        let jr = self.run_elem?;
+        let read = self.byte_run_of(e)?;
+        let run = match self.shape() {
+            Shape::InSub { run } => run,
+            Shape::Blocks => return None,
+        };
+        let k = self.run_byte_reads(run).iter().position(|r| *r == read)?;
+        let byte = format!("((ds4_rw{k}_{} >> {}) & {})", jr / 4, self.u32(8 * (jr % 4)), self.u32(0xFF));
+        Some(if t == Ty::I8 { self.wrap(t, self.syn.cast(Word::I32, &byte)) } else { byte })
+    }
+
     pub(super) fn shape(&self) -> Shape {
         Shape::of(self.spec)
     }
@@ -169,8 +270,8 @@ impl Lower<'_> {
             Shape::Blocks => RUN,
         };
         let mut out = vec![
-            (0, format!("{} {{", s.for_header("u", walk.first, &format!("{} / {}", walk.elems, self.idx(run)), walk.stride))),
-            (1, s.decl("e0", Word::Idx, false, &format!("u * {}", self.idx(run)))),
+            (0, format!("{} {{", s.for_header(self.iw(), "u", walk.first, &format!("{} / {}", walk.elems, self.idx(run)), walk.stride))),
+            (1, s.decl("e0", self.iw(), false, &format!("u * {}", self.idx(run)))),
         ];
         // x of each token: vectors of four where the target has them and runs are aligned
         // (inside a sub-block, `xo + e0` is a multiple of the run).
@@ -192,18 +293,18 @@ impl Lower<'_> {
         }
         match shape {
             Shape::InSub { run } => {
-                out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
+                out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
                 out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))));
                 if run != self.spec.sub_block as u64 {
                     out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))));
                 }
-                for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
+                for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
                     out.push((1, l));
                 }
                 let f = self.factored();
-                let (scale, elem) = match &f {
-                    Some(f) => (self.product(&f.scale)?, self.product(&f.elem)?),
-                    None => (self.f32_const(1.0), self.expr(self.spec.value)?),
+                let scale = match &f {
+                    Some(f) => self.product(&f.scale)?,
+                    None => self.f32_const(1.0),
                 };
                 let offset = match &f {
                     Some(Factored { offset: Some((neg, o)), .. }) => Some((*neg, self.expr(o)?)),
@@ -219,9 +320,14 @@ impl Lower<'_> {
                     out.push((1, "{".into()));
                     let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
                     out.push((2, s.decl("j", Word::U32, false, &j)));
-                    for l in self.lets_at(Level::Elem)? {
+                    let el = Lower { run_elem: Some(jj), ..*self };
+                    for l in el.lets_at(Level::Elem)? {
                         out.push((2, l));
                     }
+                    let elem = match &f {
+                        Some(f) => el.product(&f.elem)?,
+                        None => el.expr(self.spec.value)?,
+                    };
                     out.push((2, s.decl("ev", Word::F32, false, &elem)));
                     for (t, _) in tokens.iter().enumerate() {
                         out.push((2, format!("ea{t} = {};", s.fma("ev", &format!("x{t}_{jj}"), &format!("ea{t}")))));
@@ -248,10 +354,10 @@ impl Lower<'_> {
             Shape::Blocks => {
                 // Element jj of the run is element (jj % be) of block jj / be: all literals.
                 let (be_n, sb_n) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
-                out.push((1, s.decl("ub", Word::Idx, false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
+                out.push((1, s.decl("ub", self.iw(), false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
                 for jj in 0..RUN {
                     out.push((1, "{".into()));
-                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
+                    out.push((2, s.decl("ds4_blk", self.iw(), false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
                     out.push((2, s.decl("s", Word::U32, false, &self.u32(jj % be_n / sb_n))));
                     out.push((2, s.decl("j", Word::U32, false, &self.u32(jj % be_n % sb_n))));
                     for level in [Level::Block, Level::Sub, Level::Elem] {
@@ -268,7 +374,7 @@ impl Lower<'_> {
                 out.push((0, "}".into()));
                 // The last elems % RUN elements, one per thread.
                 let tail_start = format!("({e} / {r}) * {r} + {}", walk.first, e = walk.elems, r = self.idx(RUN));
-                out.push((0, format!("{} {{", s.for_header("e", &tail_start, walk.elems, walk.stride))));
+                out.push((0, format!("{} {{", s.for_header(self.iw(), "e", &tail_start, walk.elems, walk.stride))));
                 out.push((1, s.decl("wv", Word::F32, false, &self.dq_call(walk.bytes_at, "e"))));
                 for tok in tokens {
                     out.push((1, format!("{} = {};", tok.acc, s.fma("wv", &format!("{x}[{}]", walk.x_index(&tok.xo, "e")), &tok.acc))));
@@ -294,9 +400,9 @@ impl Lower<'_> {
                 // Element by element (each may be past k when k is not a multiple of RUN).
                 for i in 0..count {
                     out.push((0, "{".into()));
-                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(i)))));
+                    out.push((1, s.decl("ea", self.iw(), false, &format!("e0 + {}", self.idx(i)))));
                     out.push((1, "if (ea < k) {".into()));
-                    out.push((2, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((2, s.decl("ds4_blk", self.iw(), false, &format!("row_base + (ea / {be}) * {bb}"))));
                     out.push((2, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
                     out.push((2, s.decl("j", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) % {sb})")))));
                     for level in [Level::Block, Level::Sub, Level::Elem] {
@@ -315,23 +421,24 @@ impl Lower<'_> {
             Shape::InSub { run } => {
                 for q in 0..count / run {
                     out.push((0, "{".into()));
-                    out.push((1, s.decl("ea", Word::Idx, false, &format!("e0 + {}", self.idx(q * run)))));
-                    out.push((1, s.decl("ds4_blk", Word::Idx, false, &format!("row_base + (ea / {be}) * {bb}"))));
+                    out.push((1, s.decl("ea", self.iw(), false, &format!("e0 + {}", self.idx(q * run)))));
+                    out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("row_base + (ea / {be}) * {bb}"))));
                     out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
                     if run != self.spec.sub_block as u64 {
                         out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
                     }
-                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?) {
+                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
                         out.push((1, l));
                     }
                     for jj in 0..run {
                         out.push((1, "{".into()));
                         let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
                         out.push((2, s.decl("j", Word::U32, false, &j)));
-                        for l in self.lets_at(Level::Elem)? {
+                        let el = Lower { run_elem: Some(jj), ..*self };
+                        for l in el.lets_at(Level::Elem)? {
                             out.push((2, l));
                         }
-                        out.push((2, s.decl("wv", Word::F32, false, &self.expr(self.spec.value)?)));
+                        out.push((2, s.decl("wv", Word::F32, false, &el.expr(self.spec.value)?)));
                         out.push((2, store(q * run + jj, "wv")));
                         out.push((1, "}".into()));
                     }
@@ -340,5 +447,20 @@ impl Lower<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+/// A byte array field (or a byte table's shared copy) read at `x + j` in a run.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ByteRun {
+    table: bool,
+    name: &'static str,
+    x: Option<&'static Expr>,
+}
+
+/// Two reads are the same when they read the same bytes (offsets compared as text).
+impl PartialEq for ByteRun {
+    fn eq(&self, o: &Self) -> bool {
+        self.table == o.table && self.name == o.name && self.x.map(|x| x.to_string()) == o.x.map(|x| x.to_string())
     }
 }

@@ -57,8 +57,8 @@ impl QuantSyntax for WgslQuant {
         format!("{k} {name}: {} = {init};", self.word(w))
     }
 
-    fn for_header(&self, var: &str, start: &str, end: &str, step: &str) -> String {
-        format!("for (var {var}: u32 = {start}; {var} < {end}; {var} += {step})")
+    fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String {
+        format!("for (var {var}: {} = {start}; {var} < {end}; {var} += {step})", self.word(w))
     }
 
     fn table(&self, name: &str, w: Word, values: &[String]) -> String {

@@ -3,8 +3,8 @@
 //! {8, 25, 43}), the second four 7-bit sign patterns (KSIGNS adds the 8th sign as the
 //! parity bit: an even number of negatives) and a 4-bit scale in the top bits.
 //! Element = d * (0.5 + scale) / 4 * grid magnitude * sign.
-//! GRID and KSIGNS are llama.cpp's data; GRID_BYTES and SIGNS are views of them computed at
-//! compile time, laid out for the de-quantization's contiguous loads.
+//! GRID and KSIGNS are llama.cpp's data; GRID_BYTES and SIGN_BYTES are views of them computed
+//! at compile time, one byte per value, so that a sub-block reads contiguous bytes.
 use half::f16;
 
 ds4_macros::quant_type! {
@@ -18,7 +18,7 @@ ds4_macros::quant_type! {
     }
     tables {
         GRID_BYTES: [u8; 2048],
-        SIGNS: [f32; 1024],
+        SIGN_BYTES: [u8; 1024],
     }
     dequant(s, j) {
         let ib = s / 4; // 32-value group: words 2*ib (grid indices) and 2*ib + 1 (signs, scale)
@@ -26,9 +26,13 @@ ds4_macros::quant_type! {
         let aux = qs[2 * ib + 1];
         let db = (d as f32) * (0.5 + ((aux >> 28) as f32)) * 0.25;
         let g = (qs[2 * ib] >> (8 * k)) & 0xFF;
-        let sign_pattern = (aux >> (7 * k)) & 0x7F;
-        // The entry's 8 magnitudes and 8 signs (±1.0) are contiguous: both loads vectorize.
-        db * (GRID_BYTES[8 * g + j] as f32) * SIGNS[8 * sign_pattern + j]
+        let pattern = (aux >> (7 * k)) & 0x7F;
+        // The entry's 8 magnitudes and the pattern's 8 signs are 8 contiguous bytes each
+        // (one vector load on a CPU, two words on a GPU; `codegen/src/quant/runs.rs`).
+        let mag = GRID_BYTES[8 * g + j] as f32;
+        // A sign byte is 0x80 for a negative value: it flips the float's sign bit (exact,
+        // like * -1.0).
+        db * f32::from_bits(mag.to_bits() ^ ((SIGN_BYTES[8 * pattern + j] as u32) << 24))
     }
     quantize: quantize_block,
 }
@@ -103,8 +107,8 @@ const GRID: [u64; 256] = [
     0x2b2b082b08080808, 0x2b2b190808192b08, 0x2b2b2b0819190808, 0x2b2b2b1908081908,
 ];
 
-/// GRID as 8 bytes per entry (entry g's magnitude k at 8 * g + k): the de-quantization reads
-/// this view so that one entry's 8 magnitudes are one contiguous load.
+/// GRID as 8 bytes per entry (entry g's magnitude k at 8 * g + k): one entry's 8
+/// magnitudes are one contiguous read.
 const GRID_BYTES: [u8; 2048] = {
     let mut b = [0u8; 2048];
     let mut i = 0;
@@ -129,17 +133,16 @@ const KSIGNS: [u8; 128] = [
     0xf0, 0x71, 0x72, 0xf3, 0x74, 0xf5, 0xf6, 0x77, 0x78, 0xf9, 0xfa, 0x7b, 0xfc, 0x7d, 0x7e, 0xff,
 ];
 
-/// KSIGNS as factors: entry p's sign k (±1.0) at 8 * p + k.
-const SIGNS: [f32; 1024] = {
-    let mut f = [1f32; 1024];
+/// KSIGNS one byte per sign: byte k of pattern p (at 8 * p + k) is 0x80 where sign k is
+/// negative, else 0.
+const SIGN_BYTES: [u8; 1024] = {
+    let mut b = [0u8; 1024];
     let mut i = 0;
     while i < 1024 {
-        if (KSIGNS[i / 8] >> (i % 8)) & 1 == 1 {
-            f[i] = -1.0;
-        }
+        b[i] = ((KSIGNS[i / 8] >> (i % 8)) & 1) << 7;
         i += 1;
     }
-    f
+    b
 };
 
 /// Candidate sub-block scales, as fractions of (largest |x| / largest grid magnitude).
