@@ -202,6 +202,13 @@ fn attention_args(r: &mut Rng, s: &AttnShape) -> (usize, Vec<A>) {
     (s.t * s.heads * s.nc, args)
 }
 
+/// Every kernel, compiled once for the tests that use them all (NVRTC is most of a run;
+/// the device's primary context is shared, so the modules serve every test).
+fn everything(dev: &Arc<Device>) -> &'static Kernels {
+    static KS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    KS.get_or_init(|| Kernels::compile(dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC"))
+}
+
 fn device() -> Option<Arc<Device>> {
     if let Some(why) = skip_reason() {
         say(&why);
@@ -324,7 +331,7 @@ fn eval_on_all_cores(k: &Kernel, len: usize, out: &mut [f64], kargs: &[KArg<'_, 
 #[test]
 fn every_op_kernel_matches_its_f64_reference() {
     let Some(dev) = device() else { return };
-    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let ks = everything(&dev);
     let seed = seed();
     let mut r = Rng(seed);
     let mut failures = Vec::new();
@@ -435,7 +442,7 @@ fn attention_tiled_time_at_full_size_prefill() {
 #[test]
 fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
     let Some(dev) = device() else { return };
-    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let ks = everything(&dev);
     let mut r = Rng(seed());
     println!("quant kernel parity on {}:", dev.name);
     for &t in ds4_ir::quant::supported() {
@@ -565,7 +572,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
 #[test]
 fn matvec_on_aligned_rows_with_picks() {
     let Some(dev) = device() else { return };
-    let ks = Kernels::compile(&dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC");
+    let ks = everything(&dev);
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
     for &t in ds4_ir::quant::supported() {
