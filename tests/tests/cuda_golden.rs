@@ -3,7 +3,7 @@
 //! Without a CUDA device or driver every test prints "skipped: no CUDA device" and passes.
 
 use ds4_golden::*;
-use ds4_runtime::cuda::{skip_reason, CudaBackend, CudaOptions, CudaSession, Placement};
+use ds4_runtime::cuda::{skip_reason, use_graphs, CudaBackend, CudaOptions, CudaSession, Placement};
 use ds4_runtime::{Model, Session, SessionOptions};
 use std::sync::Arc;
 
@@ -179,4 +179,35 @@ fn cuda_backend_builds_or_says_why_not() {
         Ok(dev) => println!("cuda device: {dev}"),
         Err(why) => say(&format!("skipped: no CUDA device ({why})")),
     }
+}
+
+/// Decode steps submitted as CUDA graphs (the default) give the same logits, bit for bit,
+/// as the same steps launched one by one, and the graphs were really used.
+#[test]
+fn decode_steps_as_cuda_graphs_match_direct_launches() {
+    if skip() {
+        return;
+    }
+    let model = load("tiny-q2");
+    let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
+    let run = |graphs: bool| -> Vec<f32> {
+        use_graphs(graphs);
+        let mut s = CudaSession::new(b.clone(), SessionOptions::default());
+        let mut out = s.feed(&[1, 5, 9, 2]).unwrap();
+        let mut tok = 7u32;
+        for _ in 0..12 {
+            let l = s.feed(&[tok]).unwrap();
+            tok = ds4_runtime::sample::argmax(&l) as u32;
+            out.extend(l);
+        }
+        out
+    };
+    let direct = run(false);
+    let before = b.dev.graph_stats();
+    let graphed = run(true);
+    let after = b.dev.graph_stats();
+    assert!(after.0 >= before.0 + 12, "12 decode steps launched {} graphs", after.0 - before.0);
+    assert_eq!(direct.len(), graphed.len());
+    let differ = direct.iter().zip(&graphed).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(differ, 0, "{differ} logits differ between graph and direct decode");
 }

@@ -5,6 +5,7 @@
 //! there is no device. Copies are synchronous and launches go to the legacy default
 //! stream, so the order of calls is the order of execution.
 
+use super::launch_plan::{arg_bytes, LaunchPlan, Step};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 use std::ffi::c_void;
 use std::collections::HashMap;
@@ -51,6 +52,8 @@ pub struct Device {
     /// Freed activation buffers by bucket size, reused by [`Device::alloc`]: cuMemFree
     /// synchronizes the whole device, and a decode step allocates hundreds of buffers.
     pool: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
+    /// Launches and copies queued for a graph while recording (`launch_plan.rs`).
+    plan: Mutex<LaunchPlan>,
 }
 
 /// The pool's bucket for a request: 256-byte granules, and at most 1/8 slack above that,
@@ -68,7 +71,7 @@ impl Device {
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), plan: Mutex::new(LaunchPlan::default()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).
@@ -111,6 +114,8 @@ impl Device {
     }
 
     fn release_pool(&self) {
+        // Queued work may still read pooled buffers.
+        let _ = self.submit_plan();
         let Ok(mut pool) = self.pool.lock() else { return };
         if self.bind().is_err() {
             return;
@@ -145,13 +150,50 @@ impl Device {
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.bind()?;
+        self.submit_plan()?;
         Ok(self.ctx.synchronize()?)
+    }
+
+    fn plan(&self) -> Result<std::sync::MutexGuard<'_, LaunchPlan>, CudaError> {
+        self.plan.lock().map_err(|_| CudaError("launch plan poisoned".into()))
+    }
+
+    /// Starts or stops queueing launches and device copies for a graph (`launch_plan.rs`);
+    /// stopping submits what is queued.
+    pub fn record_launches(&self, on: bool) -> Result<(), CudaError> {
+        if !on {
+            self.submit_plan()?;
+        }
+        self.plan()?.set_recording(on);
+        Ok(())
+    }
+
+    /// Submits the queued launches (as a graph when there are enough of them); called
+    /// before anything the host does to device memory.
+    pub fn submit_plan(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        self.plan()?.submit(self.ctx.cu_ctx())
+    }
+
+    /// Drops the queued launches unsubmitted and stops recording (a step that failed).
+    pub fn discard_plan(&self) {
+        if let Ok(mut p) = self.plan.lock() {
+            p.discard();
+            p.set_recording(false);
+        }
+    }
+
+    /// (graph launches, launches and copies they carried) so far.
+    pub fn graph_stats(&self) -> (u64, u64) {
+        self.plan.lock().map_or((0, 0), |p| (p.graphs_launched, p.steps_in_graphs))
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
+        if let Ok(mut p) = self.plan.lock() {
+            p.clear();
+        }
         self.release_pool();
     }
 }
@@ -175,7 +217,8 @@ impl DeviceBuf {
         if n == 0 {
             return Ok(());
         }
-        self.dev.bind()?;
+        // Queued work may read this buffer's old contents.
+        self.dev.submit_plan()?;
         // SAFETY: in bounds (checked above); synchronous copy from a live slice.
         unsafe { result::memcpy_htod_sync(self.ptr + at as u64, data) }?;
         Ok(())
@@ -198,7 +241,7 @@ impl DeviceBuf {
             return Err(CudaError(format!("read of {n} elements at byte {at} from a buffer of {} bytes", self.bytes)));
         }
         if n > 0 {
-            self.dev.bind()?;
+            self.dev.submit_plan()?;
             // SAFETY: in bounds (checked above); synchronous copy into a live slice.
             unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr + at as u64) }?;
         }
@@ -211,6 +254,10 @@ impl DeviceBuf {
             return Err(CudaError("device copy out of bounds".into()));
         }
         if bytes == 0 {
+            return Ok(());
+        }
+        let step = || Step::Copy { dst: self.ptr + at as u64, src: src.ptr + src_at as u64, bytes };
+        if self.dev.plan()?.push(&step) {
             return Ok(());
         }
         self.dev.bind()?;
@@ -228,7 +275,8 @@ impl Drop for DeviceBuf {
                 return;
             }
         }
-        if self.dev.bind().is_ok() {
+        // Queued work may still read it.
+        if self.dev.submit_plan().is_ok() {
             // SAFETY: allocated by malloc_sync, freed once.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
@@ -278,20 +326,17 @@ pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32
         return Ok(());
     }
     dev.bind()?;
-    // Each argument's value lives in this vector while the launch reads it.
-    let mut slots: Vec<[u8; 8]> = args
-        .iter()
-        .map(|a| {
-            let mut s = [0u8; 8];
-            match *a {
-                Arg::Ptr(p) | Arg::U64(p) => s.copy_from_slice(&p.to_ne_bytes()),
-                Arg::I32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
-                Arg::F32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
-                Arg::Bool(v) => s[0] = v as u8,
+    {
+        let mut plan = dev.plan()?;
+        if plan.push(&|| Step::kernel(f.cu_function(), grid, block, shared, args)) {
+            if plan.full() {
+                plan.submit(dev.ctx.cu_ctx())?;
             }
-            s
-        })
-        .collect();
+            return Ok(());
+        }
+    }
+    // Each argument's value lives in this vector while the launch reads it.
+    let mut slots: Vec<[u8; 8]> = args.iter().map(arg_bytes).collect();
     let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
     // SAFETY: `params` points at one value per kernel parameter, of the parameter's size
     // or larger (the generated signatures and `args` are checked against each other by

@@ -212,7 +212,24 @@ impl GpuExecutor<'_> {
     }
 
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
+    /// Runs the graph for one batch. A decode step (one token) is recorded and submitted
+    /// as a CUDA graph (`launch_plan.rs`; `DS4_CUDA_GRAPHS=0` launches one by one).
     pub fn run(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        let record = bind.tokens == 1 && graphs_enabled();
+        if record {
+            self.dev.record_launches(true)?;
+        }
+        let out = self.run_nodes(state, bind, ids, residual);
+        if record {
+            match &out {
+                Ok(_) => self.dev.record_launches(false)?,
+                Err(_) => self.dev.discard_plan(),
+            }
+        }
+        out
+    }
+
+    fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
         let order = g.order();
         let last_use = g.last_uses();
@@ -577,6 +594,27 @@ impl GpuExecutor<'_> {
         }
         Ok(outs)
     }
+}
+
+/// Whether decode steps run as CUDA graphs: 0 not yet decided, 1 yes, 2 no.
+static GRAPHS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether decode steps run as CUDA graphs (`DS4_CUDA_GRAPHS=0` turns it off).
+fn graphs_enabled() -> bool {
+    use std::sync::atomic::Ordering;
+    match GRAPHS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("DS4_CUDA_GRAPHS").map_or(true, |v| v != "0");
+            GRAPHS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 1,
+    }
+}
+
+/// Turns decode-step graphs on or off for the process (tests compare both ways).
+pub fn use_graphs(on: bool) {
+    GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y): a warp per row

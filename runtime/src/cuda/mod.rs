@@ -5,6 +5,7 @@
 //! [`probe`] tells a machine without a GPU or driver apart.
 //!
 //! - `device.rs`: context, allocations, copies, launches;
+//! - `launch_plan.rs`: decode steps recorded and replayed as CUDA graphs;
 //! - `compile.rs`: NVRTC, one module per kernel;
 //! - `placement.rs`: weights as raw GGUF bytes, 2 MiB-aligned per tensor (or packed);
 //! - `exec.rs`: the graph executor, `crate::exec`'s semantics on device buffers;
@@ -23,6 +24,7 @@ mod device;
 mod device_log;
 mod exec;
 mod expert_ids;
+pub mod launch_plan;
 pub mod kernel_bench;
 mod placement;
 pub mod profile;
@@ -32,7 +34,7 @@ pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels, Loaded};
 pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf};
 pub use device_log::DeviceLog;
-pub use exec::{expert_groups, matvec_row_blocks, mma_k_slices};
+pub use exec::{expert_groups, matvec_row_blocks, mma_k_slices, use_graphs};
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).

@@ -1,0 +1,311 @@
+//! Decode steps as CUDA graphs: the launch plan.
+//!
+//! A decode step is ~1,900 small launches with no host round trip between them; launched
+//! one by one, each costs the host several microseconds and leaves the GPU a gap. While a
+//! [`LaunchPlan`] records, `launch` and the device-to-device copies are queued here
+//! instead of being submitted; every [`CHUNK_STEPS`] of them, and at the next host
+//! interaction (a read, a write, a synchronize, a free to the driver), the queue goes to
+//! the GPU as one graph launch: the GPU runs a chunk while the host records the next.
+//!
+//! Graphs are kept per *shape* of queue (each step's kernel, block size, shared memory and
+//! argument count, in order): the next step of the same shape updates the instantiated
+//! graph in place, only the nodes whose grid or arguments changed (positions, lengths,
+//! the pool's buffers where they differ), then launches it. A new shape (the compressor's
+//! cadence, a longer context's grids on other kernels) builds and instantiates its graph
+//! once; [`MAX_GRAPHS`] of them are kept.
+//!
+//! Why replay is safe: the queue runs in order on the same (legacy default) stream as
+//! every other copy, so stream order is what it was without recording; the buffers it
+//! reads stay allocated because a pooled buffer is only reused by later queued work, and
+//! anything that would touch memory from the host (a write, a read, a free, the pool's
+//! release) first submits the queue.
+
+use super::device::{Arg, CudaError};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// Instantiated graphs kept (distinct queue shapes of a session's decode steps).
+pub const MAX_GRAPHS: usize = 64;
+
+/// Queues shorter than this are submitted launch by launch (a graph's update and launch
+/// cost more than they save).
+const MIN_GRAPH_STEPS: usize = 8;
+
+/// A queue this long is submitted at once, so that the GPU runs it while the host records
+/// the next (a whole step as one graph would leave the GPU idle while the host records).
+pub const CHUNK_STEPS: usize = 128;
+
+/// One queued operation.
+#[derive(Clone, PartialEq)]
+pub(super) enum Step {
+    Kernel { func: sys::CUfunction, grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32, args: Vec<[u8; 8]> },
+    Copy { dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize },
+}
+
+impl Step {
+    pub(super) fn kernel(func: sys::CUfunction, grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32, args: &[Arg]) -> Step {
+        Step::Kernel { func, grid, block, shared, args: args.iter().map(arg_bytes).collect() }
+    }
+
+    /// What must match for a graph node to be updated in place rather than rebuilt.
+    fn shape(&self) -> (usize, u32, u32, usize) {
+        match self {
+            Step::Kernel { func, block, shared, args, .. } => (*func as usize, block.0, *shared, args.len()),
+            Step::Copy { .. } => (0, 0, 0, 0),
+        }
+    }
+
+    /// Submits the step on its own (outside a graph).
+    fn submit(&self) -> Result<(), CudaError> {
+        match self {
+            Step::Kernel { func, grid, block, shared, args } => {
+                let mut slots = args.clone();
+                let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
+                // SAFETY: one value per kernel parameter, alive until the call returns (the
+                // driver copies them); the function and arguments were checked when queued.
+                unsafe { cudarc::driver::result::launch_kernel(*func, *grid, *block, *shared, std::ptr::null_mut(), &mut params) }?;
+            }
+            // SAFETY: bounds were checked when the copy was queued (`DeviceBuf::copy_from`).
+            Step::Copy { dst, src, bytes } => unsafe { cudarc::driver::result::memcpy_dtod_sync(*dst, *src, *bytes) }?,
+        }
+        Ok(())
+    }
+}
+
+/// An argument's value as the 8 bytes a kernel parameter slot holds.
+pub(super) fn arg_bytes(a: &Arg) -> [u8; 8] {
+    let mut s = [0u8; 8];
+    match *a {
+        Arg::Ptr(p) | Arg::U64(p) => s.copy_from_slice(&p.to_ne_bytes()),
+        Arg::I32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+        Arg::F32(v) => s[..4].copy_from_slice(&v.to_ne_bytes()),
+        Arg::Bool(v) => s[0] = v as u8,
+    }
+    s
+}
+
+/// One instantiated graph and the steps its nodes hold now.
+struct Built {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: Vec<sys::CUgraphNode>,
+    steps: Vec<Step>,
+    /// When it was last used (for eviction).
+    used: u64,
+}
+
+/// The recorder and the graphs it has built (see the module comment).
+#[derive(Default)]
+pub struct LaunchPlan {
+    recording: bool,
+    queue: Vec<Step>,
+    built: HashMap<Vec<(usize, u32, u32, usize)>, Built>,
+    clock: u64,
+    /// Graph launches and the steps they carried (for `ds4 bench`'s report).
+    pub graphs_launched: u64,
+    pub steps_in_graphs: u64,
+}
+
+// SAFETY: the raw driver handles (functions, graphs, nodes) are context objects, usable
+// from any thread that binds the context (every entry point does); the plan is only
+// reached through the device's mutex.
+unsafe impl Send for LaunchPlan {}
+
+impl LaunchPlan {
+    pub fn set_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// Queues `step` if recording (true), else leaves it to the caller.
+    pub(super) fn push(&mut self, step: &dyn Fn() -> Step) -> bool {
+        if self.recording {
+            self.queue.push(step());
+        }
+        self.recording
+    }
+
+    /// Whether the queue is long enough to submit now (`CHUNK_STEPS`).
+    pub fn full(&self) -> bool {
+        self.queue.len() >= CHUNK_STEPS
+    }
+
+    /// Drops the queue unsubmitted (a step that failed half way).
+    pub fn discard(&mut self) {
+        self.queue.clear();
+    }
+
+    /// Submits the queue: as a graph (built or updated) when long enough, else one by one.
+    pub(super) fn submit(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
+        if self.queue.is_empty() {
+            return Ok(());
+        }
+        let steps = std::mem::take(&mut self.queue);
+        let n = steps.len() as u64;
+        if steps.len() < MIN_GRAPH_STEPS {
+            return steps.iter().try_for_each(Step::submit);
+        }
+        self.clock += 1;
+        let key: Vec<_> = steps.iter().map(Step::shape).collect();
+        let exec = match self.built.get_mut(&key) {
+            Some(b) => {
+                for (i, (new, old)) in steps.iter().zip(&b.steps).enumerate() {
+                    if new != old {
+                        set_node(b.exec, b.nodes[i], new, ctx)?;
+                    }
+                }
+                b.steps = steps;
+                b.used = self.clock;
+                b.exec
+            }
+            None => {
+                if self.built.len() >= MAX_GRAPHS {
+                    let oldest = self.built.iter().min_by_key(|(_, b)| b.used).map(|(k, _)| k.clone());
+                    if let Some(b) = oldest.and_then(|k| self.built.remove(&k)) {
+                        destroy(&b);
+                    }
+                }
+                let b = build(steps, ctx, self.clock)?;
+                let exec = b.exec;
+                self.built.insert(key, b);
+                exec
+            }
+        };
+        // SAFETY: an instantiated graph of this context, on the legacy default stream.
+        unsafe { sys::cuGraphLaunch(exec, std::ptr::null_mut()).result() }?;
+        self.graphs_launched += 1;
+        self.steps_in_graphs += n;
+        Ok(())
+    }
+
+    /// Destroys every graph (the device is going away).
+    pub fn clear(&mut self) {
+        for (_, b) in self.built.drain() {
+            destroy(&b);
+        }
+        self.queue.clear();
+    }
+}
+
+/// A kernel node's parameters; `slots` must outlive the call that reads them.
+fn kernel_params(step: &Step, slots: &mut Vec<*mut c_void>, values: &mut [[u8; 8]]) -> Option<sys::CUDA_KERNEL_NODE_PARAMS> {
+    let Step::Kernel { func, grid, block, shared, .. } = step else { return None };
+    *slots = values.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
+    Some(sys::CUDA_KERNEL_NODE_PARAMS {
+        func: *func,
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: *shared,
+        kernelParams: slots.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    })
+}
+
+/// A device-to-device copy node's parameters.
+fn copy_params(step: &Step) -> Option<sys::CUDA_MEMCPY3D> {
+    let Step::Copy { dst, src, bytes } = *step else { return None };
+    let null = std::ptr::null_mut();
+    let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    let p = sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: null as sys::CUarray,
+        reserved0: null,
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: device,
+        dstHost: null,
+        dstDevice: dst,
+        dstArray: null as sys::CUarray,
+        reserved1: null,
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: bytes,
+        Height: 1,
+        Depth: 1,
+    };
+    Some(p)
+}
+
+/// A graph of `steps` in a chain (each node after the previous), instantiated.
+fn build(steps: Vec<Step>, ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaError> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: creates an empty graph.
+    unsafe { sys::cuGraphCreate(&mut graph, 0).result() }?;
+    let mut nodes: Vec<sys::CUgraphNode> = Vec::with_capacity(steps.len());
+    let made = (|| -> Result<sys::CUgraphExec, CudaError> {
+        for s in &steps {
+            let mut node: sys::CUgraphNode = std::ptr::null_mut();
+            let deps: Vec<sys::CUgraphNode> = nodes.last().copied().into_iter().collect();
+            match s {
+                Step::Kernel { args, .. } => {
+                    let (mut slots, mut values) = (Vec::new(), args.clone());
+                    let p = kernel_params(s, &mut slots, &mut values).ok_or_else(|| CudaError("not a kernel".into()))?;
+                    // SAFETY: parameters point at live values; the driver copies them.
+                    unsafe { sys::cuGraphAddKernelNode_v2(&mut node, graph, deps.as_ptr(), deps.len(), &p).result() }?;
+                }
+                Step::Copy { .. } => {
+                    let p = copy_params(s).ok_or_else(|| CudaError("not a copy".into()))?;
+                    // SAFETY: a 1-D device-to-device copy within checked bounds.
+                    unsafe { sys::cuGraphAddMemcpyNode(&mut node, graph, deps.as_ptr(), deps.len(), &p, ctx).result() }?;
+                }
+            }
+            nodes.push(node);
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a complete graph of this context.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() }?;
+        Ok(exec)
+    })();
+    match made {
+        Ok(exec) => Ok(Built { graph, exec, nodes, steps, used: clock }),
+        Err(e) => {
+            // SAFETY: the graph made above, not instantiated.
+            unsafe {
+                let _ = sys::cuGraphDestroy(graph);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Updates one node of an instantiated graph to `step` (same kind and function).
+fn set_node(exec: sys::CUgraphExec, node: sys::CUgraphNode, step: &Step, ctx: sys::CUcontext) -> Result<(), CudaError> {
+    match step {
+        Step::Kernel { args, .. } => {
+            let (mut slots, mut values) = (Vec::new(), args.clone());
+            let p = kernel_params(step, &mut slots, &mut values).ok_or_else(|| CudaError("not a kernel".into()))?;
+            // SAFETY: a kernel node of this graph with the same function; values copied.
+            unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec, node, &p).result() }?;
+        }
+        Step::Copy { .. } => {
+            let p = copy_params(step).ok_or_else(|| CudaError("not a copy".into()))?;
+            // SAFETY: a copy node of this graph; a checked 1-D device copy.
+            unsafe { sys::cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx).result() }?;
+        }
+    }
+    Ok(())
+}
+
+fn destroy(b: &Built) {
+    // SAFETY: each handle was made once by `build` and is destroyed once.
+    unsafe {
+        let _ = sys::cuGraphExecDestroy(b.exec);
+        let _ = sys::cuGraphDestroy(b.graph);
+    }
+}
