@@ -158,13 +158,13 @@ impl Device {
         self.plan.lock().map_err(|_| CudaError("launch plan poisoned".into()))
     }
 
-    /// Starts or stops queueing launches and device copies for a graph (`launch_plan.rs`);
-    /// stopping submits what is queued.
+    /// Starts or stops (one run's) queueing of launches and device copies for graphs
+    /// (`launch_plan.rs`); stopping submits what is queued.
     pub fn record_launches(&self, on: bool) -> Result<(), CudaError> {
+        self.plan()?.set_recording(on);
         if !on {
             self.submit_plan()?;
         }
-        self.plan()?.set_recording(on);
         Ok(())
     }
 
@@ -173,14 +173,6 @@ impl Device {
     pub fn submit_plan(&self) -> Result<(), CudaError> {
         self.bind()?;
         self.plan()?.submit(self.ctx.cu_ctx())
-    }
-
-    /// Drops the queued launches unsubmitted and stops recording (a step that failed).
-    pub fn discard_plan(&self) {
-        if let Ok(mut p) = self.plan.lock() {
-            p.discard();
-            p.set_recording(false);
-        }
     }
 
     /// (graph launches, launches and copies they carried) so far.
@@ -257,10 +249,15 @@ impl DeviceBuf {
             return Ok(());
         }
         let step = || Step::Copy { dst: self.ptr + at as u64, src: src.ptr + src_at as u64, bytes };
-        if self.dev.plan()?.push(&step) {
-            return Ok(());
-        }
         self.dev.bind()?;
+        {
+            let mut plan = self.dev.plan()?;
+            if plan.push(&step) {
+                return Ok(());
+            }
+            // Work queued before recording stopped goes first.
+            plan.submit(self.dev.ctx.cu_ctx())?;
+        }
         // SAFETY: both ranges in bounds (checked above).
         unsafe { result::memcpy_dtod_sync(self.ptr + at as u64, src.ptr + src_at as u64, bytes) }?;
         Ok(())
@@ -334,6 +331,8 @@ pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32
             }
             return Ok(());
         }
+        // Work queued before recording stopped goes first.
+        plan.submit(dev.ctx.cu_ctx())?;
     }
     // Each argument's value lives in this vector while the launch reads it.
     let mut slots: Vec<[u8; 8]> = args.iter().map(arg_bytes).collect();

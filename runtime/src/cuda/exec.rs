@@ -221,9 +221,11 @@ impl GpuExecutor<'_> {
         }
         let out = self.run_nodes(state, bind, ids, residual);
         if record {
-            match &out {
-                Ok(_) => self.dev.record_launches(false)?,
-                Err(_) => self.dev.discard_plan(),
+            // Stops this run's recording and submits what is queued (after a failed step
+            // too: queued launches are whole and valid, and may be another session's).
+            let stopped = self.dev.record_launches(false);
+            if out.is_ok() {
+                stopped?;
             }
         }
         out

@@ -15,7 +15,9 @@
 //! once; [`MAX_GRAPHS`] of them are kept.
 //!
 //! Why replay is safe: the queue runs in order on the same (legacy default) stream as
-//! every other copy, so stream order is what it was without recording; the buffers it
+//! every other copy, and a launch or copy made while not recording first submits what is
+//! queued (sessions sharing a device may record and not at once), so stream order is what
+//! it was without recording; the buffers it
 //! reads stay allocated because a pooled buffer is only reused by later queued work, and
 //! anything that would touch memory from the host (a write, a read, a free, the pool's
 //! release) first submits the queue.
@@ -34,7 +36,13 @@ const MIN_GRAPH_STEPS: usize = 8;
 
 /// A queue this long is submitted at once, so that the GPU runs it while the host records
 /// the next (a whole step as one graph would leave the GPU idle while the host records).
+/// `DS4_GRAPH_CHUNK` overrides it (for measuring).
 pub const CHUNK_STEPS: usize = 128;
+
+fn chunk_steps() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("DS4_GRAPH_CHUNK").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(CHUNK_STEPS))
+}
 
 /// One queued operation.
 #[derive(Clone, PartialEq)]
@@ -98,7 +106,8 @@ struct Built {
 /// The recorder and the graphs it has built (see the module comment).
 #[derive(Default)]
 pub struct LaunchPlan {
-    recording: bool,
+    /// Executor runs recording now (sessions sharing the device may overlap).
+    recorders: usize,
     queue: Vec<Step>,
     built: HashMap<Vec<(usize, u32, u32, usize)>, Built>,
     clock: u64,
@@ -113,26 +122,27 @@ pub struct LaunchPlan {
 unsafe impl Send for LaunchPlan {}
 
 impl LaunchPlan {
+    /// One more (or one fewer) executor run recording; recording while any is.
     pub fn set_recording(&mut self, on: bool) {
-        self.recording = on;
+        if on {
+            self.recorders += 1;
+        } else {
+            self.recorders = self.recorders.saturating_sub(1);
+        }
     }
 
-    /// Queues `step` if recording (true), else leaves it to the caller.
+    /// Queues `step` if recording (true); else the caller submits it directly, after
+    /// `submit` has sent what is queued (stream order is queue order).
     pub(super) fn push(&mut self, step: &dyn Fn() -> Step) -> bool {
-        if self.recording {
+        if self.recorders > 0 {
             self.queue.push(step());
         }
-        self.recording
+        self.recorders > 0
     }
 
     /// Whether the queue is long enough to submit now (`CHUNK_STEPS`).
     pub fn full(&self) -> bool {
-        self.queue.len() >= CHUNK_STEPS
-    }
-
-    /// Drops the queue unsubmitted (a step that failed half way).
-    pub fn discard(&mut self) {
-        self.queue.clear();
+        self.queue.len() >= chunk_steps()
     }
 
     /// Submits the queue: as a graph (built or updated) when long enough, else one by one.
