@@ -38,6 +38,7 @@ inline __half __float2half_rz(float) { return __half{}; }
 inline unsigned short __half_as_ushort(__half h) { return h.b; }
 inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
 inline int __float2int_rn(float) { return 0; }
+unsigned int __byte_perm(unsigned int, unsigned int, unsigned int);
 inline unsigned int __funnelshift_r(unsigned int lo, unsigned int, unsigned int) { return lo; }
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

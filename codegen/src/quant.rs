@@ -323,6 +323,11 @@ pub trait QuantSyntax {
     fn narrow_int_to_f32(&self, v: &str, _signed: bool) -> String {
         self.cast(Word::F32, v)
     }
+    /// Byte `byte` (0..4) of the u32 `word`, an unsigned or a two's-complement byte, as
+    /// f32, exactly; None where the target has no cheaper form than extract and convert.
+    fn byte_to_f32(&self, _word: &str, _byte: u64, _signed: bool) -> Option<String> {
+        None
+    }
     /// Lines (each ending in a newline) that declare `S_<name>`, a shared-memory copy of
     /// table `T_<name>` (`len` elements of type `ty`, held as `word`), and fill it with
     /// the block's threads; None where the target keeps tables where they are.
@@ -654,6 +659,11 @@ impl Lower<'_> {
             (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], None),
             (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
+            (Ty::U8 | Ty::I8, Ty::F32) if self.run_byte_at(a).is_some() => {
+                // A hoisted run byte (`runs.rs`): straight from its word where the target can.
+                let (word, byte) = self.run_byte_at(a).unwrap_or_default();
+                s.byte_to_f32(&word, byte, from.is_signed()).unwrap_or_else(|| s.narrow_int_to_f32(&v, from.is_signed()))
+            }
             (Ty::U8 | Ty::U16 | Ty::I8 | Ty::I16, Ty::F32) => s.narrow_int_to_f32(&v, from.is_signed()),
             (f, Ty::F32) if f.is_int() => s.cast(Word::F32, &v),
             (f, t) if f.is_int() && t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),

@@ -139,6 +139,19 @@ impl QuantSyntax for CudaQuant {
         }
     }
 
+    /// One byte permute builds the float 2^23 + u from byte u (its exponent byte 0x4B from
+    /// the constant), one add takes 2^23 away: exact. A signed byte is first biased to
+    /// u = b + 128 by flipping its top bit (for all four bytes of the word at once).
+    fn byte_to_f32(&self, word: &str, byte: u64, signed: bool) -> Option<String> {
+        // Result bytes: [byte `byte` of the word, 0, 0, 0x4B] (selector nibbles 7, 5, 4, byte).
+        let sel = 0x7540 + byte;
+        Some(if signed {
+            format!("(__uint_as_float(__byte_perm({word} ^ 0x80808080u, 0x4B000000u, {sel:#x}u)) - 8388736.0f)")
+        } else {
+            format!("(__uint_as_float(__byte_perm({word}, 0x4B000000u, {sel:#x}u)) - 8388608.0f)")
+        })
+    }
+
     /// Narrow tables stay narrow in shared memory (fewer bytes to stage per block), 16-byte
     /// aligned: the compiler then merges a run's reads of contiguous entries (IQ2_XXS's
     /// 8 grid bytes at `8·g + j`) into one wide load (measured on the H200: without the
@@ -191,3 +204,36 @@ const F16_TO_F32: &str = "__device__ __forceinline__ float ds4_f16_to_f32(const 
 }
 
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CUDA's `__byte_perm(x, y, s)`: result byte n is byte (nibble n of s) & 7 of the
+    /// eight bytes y:x (x's bytes 0-3, then y's 4-7).
+    fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
+        let bytes = ((y as u64) << 32) | x as u64;
+        (0..4).map(|n| (((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) as u32) << (8 * n)).sum()
+    }
+
+    /// `byte_to_f32` read back through the permute and the subtraction it emits: every
+    /// byte value at every position, unsigned and signed, exactly.
+    #[test]
+    fn byte_to_f32_is_exact_for_every_byte() {
+        let syn = CudaQuant { sm: 90 };
+        for byte in 0..4u64 {
+            for v in 0..=255u32 {
+                let word = v << (8 * byte) | 0x5A5A5A5A & !(0xFF << (8 * byte));
+                for signed in [false, true] {
+                    let text = syn.byte_to_f32("w", byte, signed).unwrap();
+                    let sel = u32::from_str_radix(text.split("0x4B000000u, 0x").nth(1).unwrap().split('u').next().unwrap(), 16).unwrap();
+                    let bias: f32 = text.rsplit(" - ").next().unwrap().trim_end_matches("f)").parse().unwrap();
+                    let x = if signed { word ^ 0x8080_8080 } else { word };
+                    let got = f32::from_bits(byte_perm(x, 0x4B00_0000, sel)) - bias;
+                    let want = if signed { v as u8 as i8 as f32 } else { v as f32 };
+                    assert_eq!(got, want, "byte {byte} value {v} signed {signed}: {text}");
+                }
+            }
+        }
+    }
+}

@@ -221,8 +221,8 @@ impl Lower<'_> {
         Ok(out)
     }
 
-    /// Inside a run (`run_elem`), a hoisted byte read as its byte of the run's words.
-    pub(super) fn run_byte(&self, e: &Expr, t: Ty) -> Option<String> {
+    /// Inside a run (`run_elem`), a hoisted byte read as (its word's name, its byte there).
+    pub(super) fn run_byte_at(&self, e: &Expr) -> Option<(String, u64)> {
         let jr = self.run_elem?;
         let read = self.byte_run_of(e)?;
         let run = match self.shape() {
@@ -230,7 +230,13 @@ impl Lower<'_> {
             Shape::Blocks => return None,
         };
         let k = self.run_byte_reads(run).iter().position(|r| *r == read)?;
-        let byte = format!("((ds4_rw{k}_{} >> {}) & {})", jr / 4, self.u32(8 * (jr % 4)), self.u32(0xFF));
+        Some((format!("ds4_rw{k}_{}", jr / 4), jr % 4))
+    }
+
+    /// Inside a run (`run_elem`), a hoisted byte read as its byte of the run's words.
+    pub(super) fn run_byte(&self, e: &Expr, t: Ty) -> Option<String> {
+        let (word, at) = self.run_byte_at(e)?;
+        let byte = format!("(({word} >> {}) & {})", self.u32(8 * at), self.u32(0xFF));
         Some(if t == Ty::I8 { self.wrap(t, self.syn.cast(Word::I32, &byte)) } else { byte })
     }
 
