@@ -10,6 +10,7 @@
 //! targets already.
 
 use crate::render::{call, escape_any, CXX_KEYWORDS, f32_digits, prec, Code, Dialect};
+use std::fmt::Write as _;
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
 /// The block-wide sum behind `'sum` loops: a warp shuffle tree, then the warps' sums
@@ -170,12 +171,47 @@ impl Dialect for Cuda {
         let out = self.ident(k.out().0);
         // Serial kernels: one thread computes the item, the others leave at once.
         let threads = if parallel { "" } else { "    if (threadIdx.x != 0) return;\n" };
-        format!(
+        let mut s = format!(
             "extern \"C\" __global__ void {}({}) {{\n{threads}    \
              const usize item = blockIdx.x;\n    \
              {out} += item * ({out_len});\n",
             k.name,
             self.params(k)
+        );
+        if stages_output(k) {
+            // The item's output lives in shared memory while the kernel runs (see
+            // `stages_output`), when the launch gave it room; copied in first, so that
+            // what the kernel does not write keeps its value.
+            let (start, step) = if parallel { ("threadIdx.x", "blockDim.x") } else { ("0", "1") };
+            let _ = write!(
+                s,
+                "    extern __shared__ float ds4_out_sh[];\n    \
+                 unsigned int ds4_room;\n    \
+                 asm(\"mov.u32 %0, %%dynamic_smem_size;\" : \"=r\"(ds4_room));\n    \
+                 float* const ds4_out_g = {out};\n    \
+                 const bool ds4_staged = (usize)({out_len}) * 4 <= (usize)ds4_room;\n    \
+                 if (ds4_staged) {{\n        \
+                 for (usize i = {start}; i < (usize)({out_len}); i += {step}) ds4_out_sh[i] = ds4_out_g[i];\n        \
+                 {out} = ds4_out_sh;\n    \
+                 }}\n"
+            );
+            if parallel {
+                // Every thread's copy lands before any thread reads the output.
+                s.push_str("    __syncthreads();\n");
+            }
+        }
+        s
+    }
+
+    fn kernel_close(&self, k: &Kernel, out_len: &str, parallel: bool) -> String {
+        if !stages_output(k) {
+            return String::new();
+        }
+        let (start, step, barrier) = if parallel { ("threadIdx.x", "blockDim.x", "    __syncthreads();\n") } else { ("0", "1", "") };
+        format!(
+            "{barrier}    if (ds4_staged) {{\n        \
+             for (usize i = {start}; i < (usize)({out_len}); i += {step}) ds4_out_g[i] = ds4_out_sh[i];\n    \
+             }}\n"
         )
     }
 }
@@ -202,3 +238,15 @@ impl Cuda {
         params.join(", ")
     }
 }
+
+/// Whether a kernel keeps its item's output in shared memory while it runs: those that
+/// read back what they wrote (`render::reads_output`; never split over blocks). The
+/// hyper-connection mix's 20 Sinkhorn rounds went through global memory, an L2 round trip
+/// per step of the chain. The launch gives the room (`STAGE_OUT_LIMIT`); without it the
+/// kernel works in global memory as before.
+pub fn stages_output(k: &Kernel) -> bool {
+    crate::render::reads_output(k)
+}
+
+/// The largest item output (bytes) a launch stages in shared memory.
+pub const STAGE_OUT_LIMIT: usize = 16 * 1024;

@@ -106,6 +106,12 @@ pub fn splits_items(kernel: &Kernel, target: Target) -> bool {
     }
 }
 
+/// Whether `kernel` on `target` works on its item's output in dynamic shared memory when
+/// the launch gives it `out_len · 4` bytes (at most [`cuda::STAGE_OUT_LIMIT`]).
+pub fn stages_output(kernel: &Kernel, target: Target) -> bool {
+    matches!(target, Target::CudaSm90 | Target::CudaSm120) && cuda::stages_output(kernel)
+}
+
 pub fn render(kernel: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => render::render_kernel(&cpu::Cpu, kernel),

@@ -244,10 +244,11 @@ fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target
     let mut s = String::new();
     let _ = write!(
         s,
-        "    {{\"name\": \"{}\", \"kind\": \"op\", \"file\": \"{file}\", \"ops\": {}, \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {}, \"shared_mem_bytes\": 0}}",
+        "    {{\"name\": \"{}\", \"kind\": \"op\", \"file\": \"{file}\", \"ops\": {}, \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {}, \"shared_mem_bytes\": 0, \"stages_output\": {}}}",
         k.name,
         json_list(ops.iter().copied()),
-        op_launch(k, target)
+        op_launch(k, target),
+        crate::stages_output(k, target)
     );
     s
 }

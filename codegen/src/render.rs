@@ -93,6 +93,10 @@ pub trait Dialect {
     /// given the rendered per-item output length; `parallel`: every thread of the block
     /// runs the body (else one thread runs it and the others leave).
     fn kernel_open(&self, k: &Kernel, out_len: &str, parallel: bool) -> String;
+    /// Lines before the kernel's closing brace (CUDA: a staged output's copy back).
+    fn kernel_close(&self, _k: &Kernel, _out_len: &str, _parallel: bool) -> String {
+        String::new()
+    }
 
     /// Targets that spread `'par`/`'sum` loops over a block's threads override these
     /// three; the others run every loop serially (one thread per item).
@@ -157,7 +161,8 @@ fn par_loops(stmts: &[Stmt]) -> usize {
 }
 
 /// Whether `k` loads from its output buffer, or updates it in place (`out[i] += ..`).
-fn reads_output(k: &Kernel) -> bool {
+/// Whether `k` reads back what it wrote to its output (loads, or `out[i] op= v`).
+pub fn reads_output(k: &Kernel) -> bool {
     fn updates(stmts: &[Stmt], out: &str) -> bool {
         stmts.iter().any(|st| match st {
             Stmt::Store { buf, op, .. } => buf == out && op.is_some(),
@@ -184,8 +189,10 @@ pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
         let _ = writeln!(s, "    {}", d.helper_return(&r.expr(&h.result).text));
         s.push_str("}\n\n");
     }
-    s.push_str(&d.kernel_open(k, &r.expr(&k.out_len).text, parallel));
+    let out_len = r.expr(&k.out_len).text;
+    s.push_str(&d.kernel_open(k, &out_len, parallel));
     r.block(&mut s, &k.body, 1);
+    s.push_str(&d.kernel_close(k, &out_len, parallel));
     s.push_str("}\n");
     s
 }

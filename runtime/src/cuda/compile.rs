@@ -38,6 +38,9 @@ pub struct Loaded {
     pub threads: u32,
     /// An item may be spread over several blocks along y (`ds4_codegen::splits_items`).
     pub splits_items: bool,
+    /// Works on its item's output in dynamic shared memory when a launch gives it room
+    /// (`ds4_codegen::stages_output`).
+    pub stages_out: bool,
     /// Bytes of dynamic shared memory a launch gives it (`QuantKernel::dynamic_shared`).
     pub dyn_shared: u32,
 }
@@ -90,6 +93,7 @@ struct Unit {
     params: Vec<(String, ParamSig)>,
     threads: u32,
     splits_items: bool,
+    stages_out: bool,
     dyn_shared: u32,
 }
 
@@ -106,13 +110,14 @@ impl Kernels {
                     params: op_params(&k),
                     threads: ds4_codegen::block_threads(&k, target),
                     splits_items: ds4_codegen::splits_items(&k, target),
+                    stages_out: ds4_codegen::stages_output(&k, target),
                     dyn_shared: 0,
                 });
             }
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, threads: cuda_attention::THREADS, dyn_shared: 0 });
+            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: 0 });
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {
@@ -143,7 +148,7 @@ impl Kernels {
                 // Past 48 KiB a kernel must ask for its dynamic shared memory.
                 func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
             }
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, dyn_shared: u.dyn_shared });
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared });
         }
         Ok(Kernels { by_name, target })
     }
@@ -156,5 +161,5 @@ impl Kernels {
 fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
-    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, dyn_shared: k.dynamic_shared })
+    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared })
 }

@@ -80,11 +80,12 @@ pub fn mma_k_slices(tiles: usize, k: usize, unit: usize, sms: usize) -> (usize, 
 impl GpuExecutor<'_> {
     /// Launches kernel `name` over `grid` blocks, its arguments matched by name.
     fn call(&self, name: &str, grid: (u32, u32), named: &Named) -> Result<(), ExecError> {
-        self.call_loaded(self.kernels.get(name)?, name, (grid.0, grid.1, 1), named)
+        let k = self.kernels.get(name)?;
+        self.call_loaded(k, name, (grid.0, grid.1, 1), k.dyn_shared, named)
     }
 
-    /// `call` with the kernel already looked up.
-    fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), named: &Named) -> Result<(), ExecError> {
+    /// `call` with the kernel already looked up and `shared` bytes of dynamic shared memory.
+    fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), shared: u32, named: &Named) -> Result<(), ExecError> {
         let mut args = Vec::with_capacity(k.params.len());
         for (p, sig) in &k.params {
             let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
@@ -94,7 +95,7 @@ impl GpuExecutor<'_> {
             }
             args.push(a);
         }
-        launch(self.dev, &k.func, grid, (k.threads, 1, 1), k.dyn_shared, &args)?;
+        launch(self.dev, &k.func, grid, (k.threads, 1, 1), shared, &args)?;
         Ok(())
     }
 
@@ -109,17 +110,19 @@ impl GpuExecutor<'_> {
     fn op_over(&self, name: &str, n_out: usize, out_len: usize, work: (usize, usize), named: &Named) -> Result<GVal, ExecError> {
         let out = self.dev.alloc(n_out * 4)?;
         if n_out > 0 && out_len > 0 {
-            self.items_into(name, out.ptr, n_out / out_len, work, named)?;
+            self.items_into(name, out.ptr, n_out / out_len, out_len, work, named)?;
         }
         Ok(GVal::F(DevSlice::whole(out, n_out)))
     }
 
-    /// Op kernel `name` over `items` items into `out` (see `op_over`).
-    fn items_into(&self, name: &str, out: u64, items: usize, work: (usize, usize), named: &Named) -> Result<(), ExecError> {
+    /// Op kernel `name` over `items` items of `out_len` floats into `out` (see `op_over`);
+    /// a kernel that stages its item's output gets the shared memory for it.
+    fn items_into(&self, name: &str, out: u64, items: usize, out_len: usize, work: (usize, usize), named: &Named) -> Result<(), ExecError> {
         let mut all = vec![("out", Arg::Ptr(out))];
         all.extend_from_slice(named);
         let k = self.kernels.get(name)?;
-        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), &all)
+        let shared = if k.stages_out && out_len * 4 <= ds4_codegen::cuda::STAGE_OUT_LIMIT { (out_len * 4) as u32 } else { k.dyn_shared };
+        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), shared, &all)
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
@@ -199,13 +202,14 @@ impl GpuExecutor<'_> {
             ("out_slice", u(m * n)),
         ];
         let name = kernel_name(kind, w.ty);
-        self.call_loaded(self.kernels.get(&name)?, &name, (blocks_x as u32, blocks_y as u32, slices as u32), &named)?;
+        let kl = self.kernels.get(&name)?;
+        self.call_loaded(kl, &name, (blocks_x as u32, blocks_y as u32, slices as u32), kl.dyn_shared, &named)?;
         if let Some(s) = scratch {
             // The slices added in order (deterministic): out = s0 + s1, then out += s_z.
             let slice = |z: usize| s.ptr + (z * m * n * 4) as u64;
             for z in 1..slices {
                 let a = if z == 1 { slice(0) } else { out.ptr };
-                self.items_into("add", out.ptr, m, (n, 4), &[("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))])?;
+                self.items_into("add", out.ptr, m, n, (n, 4), &[("a", Arg::Ptr(a)), ("b", Arg::Ptr(slice(z))), ("n", u(n))])?;
             }
         }
         Ok(())
