@@ -16,12 +16,13 @@
 //! - across blocks (`block_elems` divides [`RUN`]: F32, F16, BF16): every element is its
 //!   own block; nothing to factor, but the run still amortises the loop and indexing,
 //!   and a tail loop takes the last `k % RUN` elements.
+//!
 //! Other layouts take runs of one sub-block.
 //!
-//! Reading a staged copy (`Lower::words`), a run's bytes of a byte array read at
-//! `X + j` (X the same for the whole run: Q8_0's `qs[j]`, Q2_K's and Q4_K's packed
-//! values) are consecutive: they are read once per run as words (`run_bytes`), and each
-//! element takes its byte from a register. On the GPU a byte load per element was most
+//! Reading a staged copy (`Lower::words`), a run's bytes of a byte array or byte table
+//! read at `X + j` (X the same for the whole run: Q8_0's `qs[j]`, Q2_K's packed values,
+//! IQ2_XXS's grid and sign bytes) are consecutive: they are read once per run as words
+//! (`run_byte_words`), and each element takes its byte from a register. On the GPU a byte load per element was most
 //! of the mat-vec's shared-memory traffic.
 
 use super::{Lower, Word};
@@ -184,7 +185,7 @@ impl Lower<'_> {
             }
         }
         let mut out = Vec::new();
-        if !self.words || run % 4 != 0 {
+        if !self.words || !run.is_multiple_of(4) {
             return out;
         }
         for l in self.spec.lets.iter().filter(|l| l.level == Level::Elem) {

@@ -3,7 +3,9 @@
 //! Everything goes through the driver API, loaded at run time (cudarc's dynamic loading):
 //! a machine without a driver builds and runs the rest of ds4, and [`probe`] says why
 //! there is no device. Copies are synchronous and launches go to the legacy default
-//! stream, so the order of calls is the order of execution.
+//! stream, so the order of calls is the order of execution. While a decode step records
+//! (`launch_plan.rs`), launches and device copies are queued and go to the same stream as
+//! graphs; every host copy, synchronize and free to the driver submits the queue first.
 
 use super::launch_plan::{arg_bytes, LaunchPlan, Step};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};

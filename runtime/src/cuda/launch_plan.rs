@@ -157,16 +157,20 @@ impl LaunchPlan {
         }
         self.clock += 1;
         let key: Vec<_> = steps.iter().map(Step::shape).collect();
-        let exec = match self.built.get_mut(&key) {
-            Some(b) => {
-                for (i, (new, old)) in steps.iter().zip(&b.steps).enumerate() {
-                    if new != old {
-                        set_node(b.exec, b.nodes[i], new, ctx)?;
-                    }
+        let exec = match self.built.remove(&key) {
+            Some(mut b) => {
+                let updated = steps.iter().zip(&b.steps).enumerate().filter(|(_, (new, old))| new != old).try_for_each(|(i, (new, _))| set_node(b.exec, b.nodes[i], new, ctx));
+                if updated.is_err() {
+                    // The driver refused an update: this shape goes back to direct
+                    // launches until it is built again (correct, only slower).
+                    destroy(&b);
+                    return steps.iter().try_for_each(Step::submit);
                 }
+                let exec = b.exec;
                 b.steps = steps;
                 b.used = self.clock;
-                b.exec
+                self.built.insert(key, b);
+                exec
             }
             None => {
                 if self.built.len() >= MAX_GRAPHS {
@@ -175,10 +179,15 @@ impl LaunchPlan {
                         destroy(&b);
                     }
                 }
-                let b = build(steps, ctx, self.clock)?;
-                let exec = b.exec;
-                self.built.insert(key, b);
-                exec
+                match build(&steps, ctx, self.clock) {
+                    Ok(b) => {
+                        let exec = b.exec;
+                        self.built.insert(key, Built { steps, ..b });
+                        exec
+                    }
+                    // No graph for this queue: launched one by one.
+                    Err(_) => return steps.iter().try_for_each(Step::submit),
+                }
             }
         };
         // SAFETY: an instantiated graph of this context, on the legacy default stream.
@@ -252,14 +261,15 @@ fn copy_params(step: &Step) -> Option<sys::CUDA_MEMCPY3D> {
     Some(p)
 }
 
-/// A graph of `steps` in a chain (each node after the previous), instantiated.
-fn build(steps: Vec<Step>, ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaError> {
+/// A graph of `steps` in a chain (each node after the previous), instantiated (its
+/// `steps` left for the caller to fill).
+fn build(steps: &[Step], ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaError> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: creates an empty graph.
     unsafe { sys::cuGraphCreate(&mut graph, 0).result() }?;
     let mut nodes: Vec<sys::CUgraphNode> = Vec::with_capacity(steps.len());
     let made = (|| -> Result<sys::CUgraphExec, CudaError> {
-        for s in &steps {
+        for s in steps {
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
             let deps: Vec<sys::CUgraphNode> = nodes.last().copied().into_iter().collect();
             match s {
@@ -283,7 +293,7 @@ fn build(steps: Vec<Step>, ctx: sys::CUcontext, clock: u64) -> Result<Built, Cud
         Ok(exec)
     })();
     match made {
-        Ok(exec) => Ok(Built { graph, exec, nodes, steps, used: clock }),
+        Ok(exec) => Ok(Built { graph, exec, nodes, steps: Vec::new(), used: clock }),
         Err(e) => {
             // SAFETY: the graph made above, not instantiated.
             unsafe {
