@@ -329,3 +329,47 @@ fn destroy(b: &Built) {
         let _ = sys::cuGraphDestroy(b.graph);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(arg: u64) -> Step {
+        Step::kernel(std::ptr::null_mut(), (1, 1, 1), (32, 1, 1), 0, &[Arg::U64(arg)])
+    }
+
+    /// Queueing follows the count of recording runs (sessions sharing a device overlap),
+    /// and a queue reports full at the chunk length; nothing here touches the driver.
+    #[test]
+    fn recording_is_counted_and_queues_fill_in_chunks() {
+        let mut p = LaunchPlan::default();
+        assert!(!p.push(&|| kernel(0)), "not recording: the caller launches");
+        p.set_recording(true);
+        p.set_recording(true);
+        p.set_recording(false);
+        assert!(p.push(&|| kernel(1)), "one run still records");
+        p.set_recording(false);
+        p.set_recording(false); // more stops than starts stay at zero
+        assert!(!p.push(&|| kernel(2)));
+        assert_eq!(p.queue.len(), 1);
+        p.set_recording(true);
+        while !p.full() {
+            assert!(p.push(&|| kernel(3)));
+        }
+        assert_eq!(p.queue.len(), chunk_steps());
+    }
+
+    /// A graph node is updated in place only where its kernel, block, shared memory and
+    /// argument count match; grid and argument values may change.
+    #[test]
+    fn shapes_ignore_grids_and_argument_values() {
+        let a = Step::kernel(std::ptr::null_mut(), (4, 1, 1), (128, 1, 1), 64, &[Arg::U64(1), Arg::F32(2.0)]);
+        let b = Step::kernel(std::ptr::null_mut(), (9, 2, 1), (128, 1, 1), 64, &[Arg::U64(7), Arg::F32(-1.0)]);
+        let c = Step::kernel(std::ptr::null_mut(), (4, 1, 1), (256, 1, 1), 64, &[Arg::U64(1), Arg::F32(2.0)]);
+        let copy = Step::Copy { dst: 0, src: 0, bytes: 4 };
+        assert_eq!(a.shape(), b.shape());
+        assert_ne!(a.shape(), c.shape());
+        assert_ne!(a.shape(), copy.shape());
+        assert!(a != b, "different arguments: the node is updated");
+    }
+}
