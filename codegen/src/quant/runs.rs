@@ -22,8 +22,8 @@
 //! Reading a staged copy (`Lower::words`), a run's bytes of a byte array or byte table
 //! read at `X + j` (X the same for the whole run: Q8_0's `qs[j]`, Q2_K's packed values,
 //! IQ2_XXS's grid and sign bytes) are consecutive: they are read once per run as words
-//! (`run_byte_words`), and each element takes its byte from a register. On the GPU a byte load per element was most
-//! of the mat-vec's shared-memory traffic.
+//! (`run_byte_words`), and each element takes its byte from a register. On the GPU a
+//! byte load per element was most of the mat-vec's shared-memory traffic.
 
 use super::{Lower, Word};
 use ds4_ir::quant::{BinOp, Expr, Level, Ty};
