@@ -464,7 +464,7 @@ struct Lower<'a> {
     /// loads and a funnel shift instead of a load per byte (fields of 66- and 84-byte
     /// blocks are at best 2-byte aligned).
     words: bool,
-    /// Inside a run whose byte-array reads are hoisted (`runs.rs`, `Lower::run_bytes`):
+    /// Inside a run whose byte reads are hoisted (`runs.rs`, `Lower::run_byte_words`):
     /// the element's index in the run, a literal.
     run_elem: Option<u64>,
 }
@@ -659,12 +659,12 @@ impl Lower<'_> {
             (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], None),
             (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
-            (Ty::U8 | Ty::I8, Ty::F32) if self.run_byte_at(a).is_some() => {
-                // A hoisted run byte (`runs.rs`): straight from its word where the target can.
-                let (word, byte) = self.run_byte_at(a).unwrap_or_default();
-                s.byte_to_f32(&word, byte, from.is_signed()).unwrap_or_else(|| s.narrow_int_to_f32(&v, from.is_signed()))
-            }
-            (Ty::U8 | Ty::U16 | Ty::I8 | Ty::I16, Ty::F32) => s.narrow_int_to_f32(&v, from.is_signed()),
+            // A hoisted run byte (`runs.rs`): straight from its word where the target can.
+            (Ty::U8 | Ty::I8, Ty::F32) => match self.run_byte_at(a).and_then(|(word, byte)| s.byte_to_f32(&word, byte, from.is_signed())) {
+                Some(f) => f,
+                None => s.narrow_int_to_f32(&v, from.is_signed()),
+            },
+            (Ty::U16 | Ty::I16, Ty::F32) => s.narrow_int_to_f32(&v, from.is_signed()),
             (f, Ty::F32) if f.is_int() => s.cast(Word::F32, &v),
             (f, t) if f.is_int() && t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (f, t) => return Err(QuantGenError(format!("{}: cast {f} -> {t} has no GPU lowering", self.spec.ggml))),
