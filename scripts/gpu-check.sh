@@ -17,7 +17,8 @@
 # ONLY=kbench runs only the quant kernel benchmark.
 # FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43), FULL_FILE=0 (skip the
 # mksynth file), FULL_PACK=1 (also the packed weight placement) and ONLY=full (skip the
-# kernel and tiny-model checks) tune it; DS4_PROFILE=1 profiles the synthetic run.
+# kernel and tiny-model checks) tune it; DS4_PROFILE=1 profiles the synthetic run. The
+# synthetic run is repeated with DS4_CUDA_GRAPHS=0 (decode launched one by one).
 set -u
 
 CARRY=${CARRY:-device-carry}
@@ -76,6 +77,10 @@ full_bench() {
     echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L (prefill $P, gen $G)"
     DS4_PROFILE=${DS4_PROFILE:-0} timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
         --prefill $P --chunk $P --gen $G || { echo "synthetic bench failed: exit $?"; rc=1; }
+    # Decode launched one by one, for comparison with the CUDA graphs (the default).
+    echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L, DS4_CUDA_GRAPHS=0 (prefill $P, gen $G)"
+    DS4_CUDA_GRAPHS=0 DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
+        --prefill $P --chunk $P --gen $G || { echo "synthetic bench (no graphs) failed: exit $?"; rc=1; }
     if [ "${FULL_PACK:-0}" = 1 ]; then
         # The other weight placement: one packed allocation instead of one per tensor.
         echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L --pack-weights (prefill $P, gen $G)"
