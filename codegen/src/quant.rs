@@ -469,6 +469,16 @@ struct Lower<'a> {
     run_elem: Option<u64>,
 }
 
+/// Elements of a table's shared-memory copy: byte tables are read in words where a run's
+/// bytes are hoisted (`runs.rs`), and the padding keeps the last word read inside it.
+pub(crate) fn staged_table_len(ty: Ty, len: usize) -> usize {
+    if ty.bytes() == 1 {
+        len + WORDS_PAD as usize
+    } else {
+        len
+    }
+}
+
 /// Bytes of padding after a staged copy read with `Lower::words` (a field's second word
 /// may lie up to 4 bytes past its end); 16 keeps the next copy 16-byte aligned.
 pub(crate) const WORDS_PAD: u64 = 16;
@@ -477,8 +487,7 @@ impl Lower<'_> {
     /// Bytes of the tables' shared-memory copies (none when they are read from constants).
     fn staged_table_bytes(&self) -> usize {
         if self.shared_tables {
-            // Byte tables padded for word reads (`QuantSyntax::shared_table`).
-            self.spec.tables.iter().map(|t| t.len() * t.ty.bytes() + if t.ty.bytes() == 1 { WORDS_PAD as usize } else { 0 }).sum()
+            self.spec.tables.iter().map(|t| staged_table_len(t.ty, t.len()) * t.ty.bytes()).sum()
         } else {
             0
         }

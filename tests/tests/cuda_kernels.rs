@@ -278,8 +278,7 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
     let splits = if gpu.splits_items { 1 + items % 3 } else { 1 };
     // Kernels that stage their item's output in shared memory run with the room for it
     // (as the executor gives it) in every other case, in global memory in the others.
-    let staged = gpu.stages_out && items % 2 == 0 && len * 4 <= ds4_runtime::cuda::STAGE_OUT_LIMIT;
-    let shared = if staged { (len * 4) as u32 } else { gpu.dyn_shared };
+    let shared = if items % 2 == 0 { gpu.shared_for(len) } else { gpu.dyn_shared };
     launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (gpu.threads, 1, 1), shared, &dargs).unwrap();
     dev.synchronize().unwrap();
     let (_, elem) = k.out();

@@ -164,9 +164,7 @@ impl QuantSyntax for CudaQuant {
             Ty::I16 => "short",
             _ => self.word(word),
         };
-        // Byte tables are read in words where a run's bytes are hoisted (`runs.rs`): the
-        // padding keeps the last word read inside the array.
-        let room = if ty.bytes() == 1 { len + super::WORDS_PAD as usize } else { len };
+        let room = super::staged_table_len(ty, len);
         Some(format!(
             "    __shared__ __align__(16) {ctype} S_{name}[{room}];\n    for (unsigned int ds4_i = threadIdx.x; ds4_i < {len}u; ds4_i += blockDim.x) S_{name}[ds4_i] = ({ctype})T_{name}[ds4_i];\n"
         ))

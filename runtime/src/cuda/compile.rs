@@ -45,6 +45,19 @@ pub struct Loaded {
     pub dyn_shared: u32,
 }
 
+impl Loaded {
+    /// Dynamic shared memory for a launch over items of `out_len` floats: room for the
+    /// item's output where the kernel stages it (at most `STAGE_OUT_LIMIT` bytes), else
+    /// the kernel's own.
+    pub fn shared_for(&self, out_len: usize) -> u32 {
+        if self.stages_out && out_len * 4 <= ds4_codegen::cuda::STAGE_OUT_LIMIT {
+            (out_len * 4) as u32
+        } else {
+            self.dyn_shared
+        }
+    }
+}
+
 /// Every compiled kernel, by entry-point name.
 pub struct Kernels {
     pub by_name: HashMap<String, Loaded>,

@@ -7,9 +7,8 @@
 //! (`launch_plan.rs`), launches and device copies are queued and go to the same stream as
 //! graphs; every host copy, synchronize and free to the driver submits the queue first.
 
-use super::launch_plan::{arg_bytes, LaunchPlan, Step};
+use super::launch_plan::{LaunchPlan, Step};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};
-use std::ffi::c_void;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -177,6 +176,12 @@ impl Device {
         self.plan()?.submit(self.ctx.cu_ctx())
     }
 
+    /// Runs a launch or device copy now, or queues it while recording (`launch_plan.rs`).
+    fn run_step(&self, step: Step) -> Result<(), CudaError> {
+        self.bind()?;
+        self.plan()?.run(step, self.ctx.cu_ctx())
+    }
+
     /// (graph launches, launches and copies they carried) so far.
     pub fn graph_stats(&self) -> (u64, u64) {
         self.plan.lock().map_or((0, 0), |p| (p.graphs_launched, p.steps_in_graphs))
@@ -250,19 +255,8 @@ impl DeviceBuf {
         if bytes == 0 {
             return Ok(());
         }
-        let step = || Step::Copy { dst: self.ptr + at as u64, src: src.ptr + src_at as u64, bytes };
-        self.dev.bind()?;
-        {
-            let mut plan = self.dev.plan()?;
-            if plan.push(&step) {
-                return Ok(());
-            }
-            // Work queued before recording stopped goes first.
-            plan.submit(self.dev.ctx.cu_ctx())?;
-        }
-        // SAFETY: both ranges in bounds (checked above).
-        unsafe { result::memcpy_dtod_sync(self.ptr + at as u64, src.ptr + src_at as u64, bytes) }?;
-        Ok(())
+        // Bounds checked above, as `Step::Copy` requires.
+        self.dev.run_step(Step::Copy { dst: self.ptr + at as u64, src: src.ptr + src_at as u64, bytes })
     }
 }
 
@@ -318,30 +312,11 @@ pub enum Arg {
     Bool(bool),
 }
 
-/// Launches `f` on the default stream.
+/// Launches `f` on the default stream (queued for a graph while a decode step records).
 /// `shared`: bytes of dynamic shared memory (`Loaded::dyn_shared`).
 pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32, u32, u32), shared: u32, args: &[Arg]) -> Result<(), CudaError> {
     if grid.0 == 0 || grid.1 == 0 {
         return Ok(());
     }
-    dev.bind()?;
-    {
-        let mut plan = dev.plan()?;
-        if plan.push(&|| Step::kernel(f.cu_function(), grid, block, shared, args)) {
-            if plan.full() {
-                plan.submit(dev.ctx.cu_ctx())?;
-            }
-            return Ok(());
-        }
-        // Work queued before recording stopped goes first.
-        plan.submit(dev.ctx.cu_ctx())?;
-    }
-    // Each argument's value lives in this vector while the launch reads it.
-    let mut slots: Vec<[u8; 8]> = args.iter().map(arg_bytes).collect();
-    let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect();
-    // SAFETY: `params` points at one value per kernel parameter, of the parameter's size
-    // or larger (the generated signatures and `args` are checked against each other by
-    // the caller), alive until the call returns (the driver copies them at launch).
-    unsafe { result::launch_kernel(f.cu_function(), grid, block, shared, std::ptr::null_mut(), &mut params) }?;
-    Ok(())
+    dev.run_step(Step::kernel(f.cu_function(), grid, block, shared, args))
 }

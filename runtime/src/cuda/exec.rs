@@ -121,8 +121,7 @@ impl GpuExecutor<'_> {
         let mut all = vec![("out", Arg::Ptr(out))];
         all.extend_from_slice(named);
         let k = self.kernels.get(name)?;
-        let shared = if k.stages_out && out_len * 4 <= ds4_codegen::cuda::STAGE_OUT_LIMIT { (out_len * 4) as u32 } else { k.dyn_shared };
-        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), shared, &all)
+        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), k.shared_for(out_len), &all)
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
@@ -216,8 +215,8 @@ impl GpuExecutor<'_> {
     }
 
     /// Runs the graph for a batch at `bind`, updating `state`; returns the named outputs.
-    /// Runs the graph for one batch. A decode step (one token) is recorded and submitted
-    /// as a CUDA graph (`launch_plan.rs`; `DS4_CUDA_GRAPHS=0` launches one by one).
+    /// A decode step (one token) is recorded and submitted as CUDA graphs
+    /// (`launch_plan.rs`; `DS4_CUDA_GRAPHS=0` launches one by one).
     pub fn run(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let record = bind.tokens == 1 && graphs_enabled();
         if record {

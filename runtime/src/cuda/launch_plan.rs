@@ -82,7 +82,7 @@ impl Step {
 }
 
 /// An argument's value as the 8 bytes a kernel parameter slot holds.
-pub(super) fn arg_bytes(a: &Arg) -> [u8; 8] {
+fn arg_bytes(a: &Arg) -> [u8; 8] {
     let mut s = [0u8; 8];
     match *a {
         Arg::Ptr(p) | Arg::U64(p) => s.copy_from_slice(&p.to_ne_bytes()),
@@ -131,17 +131,23 @@ impl LaunchPlan {
         }
     }
 
-    /// Queues `step` if recording (true); else the caller submits it directly, after
-    /// `submit` has sent what is queued (stream order is queue order).
-    pub(super) fn push(&mut self, step: &dyn Fn() -> Step) -> bool {
-        if self.recorders > 0 {
-            self.queue.push(step());
-        }
+    fn recording(&self) -> bool {
         self.recorders > 0
     }
 
+    /// Queues `step` while recording (submitting the queue when it is full); else submits
+    /// what is queued, then `step` (stream order is queue order).
+    pub(super) fn run(&mut self, step: Step, ctx: sys::CUcontext) -> Result<(), CudaError> {
+        if self.recording() {
+            self.queue.push(step);
+            return if self.full() { self.submit(ctx) } else { Ok(()) };
+        }
+        self.submit(ctx)?;
+        step.submit()
+    }
+
     /// Whether the queue is long enough to submit now (`CHUNK_STEPS`).
-    pub fn full(&self) -> bool {
+    fn full(&self) -> bool {
         self.queue.len() >= chunk_steps()
     }
 
@@ -343,20 +349,24 @@ mod tests {
     #[test]
     fn recording_is_counted_and_queues_fill_in_chunks() {
         let mut p = LaunchPlan::default();
-        assert!(!p.push(&|| kernel(0)), "not recording: the caller launches");
+        let ctx = std::ptr::null_mut();
+        assert!(!p.recording(), "not recording: steps run at once");
         p.set_recording(true);
         p.set_recording(true);
         p.set_recording(false);
-        assert!(p.push(&|| kernel(1)), "one run still records");
+        assert!(p.recording(), "one run still records");
+        p.run(kernel(1), ctx).unwrap();
+        assert_eq!(p.queue.len(), 1);
         p.set_recording(false);
         p.set_recording(false); // more stops than starts stay at zero
-        assert!(!p.push(&|| kernel(2)));
-        assert_eq!(p.queue.len(), 1);
+        assert!(!p.recording());
         p.set_recording(true);
-        while !p.full() {
-            assert!(p.push(&|| kernel(3)));
+        while p.queue.len() + 1 < chunk_steps() {
+            p.run(kernel(3), ctx).unwrap();
         }
-        assert_eq!(p.queue.len(), chunk_steps());
+        assert!(!p.full(), "one short of a chunk");
+        p.queue.push(kernel(4));
+        assert!(p.full());
     }
 
     /// A graph node is updated in place only where its kernel, block, shared memory and
