@@ -177,11 +177,11 @@ fn cuda_kernels(passes: usize, prefill: &str) -> Result<()> {
     let cases = kernel_bench::ds4_flash_cases(m);
     let (rows, copy_gbs, name) = kernel_bench::run(&cases, passes.max(1) * 20)?;
     eprintln!("ds4 bench: quant kernels on {name}; copy bandwidth {copy_gbs:.0} GB/s");
-    println!("what,kernel,n,k,m,picks,us_per_call,weight_gbs,frac_copy,tflops");
+    println!("what,kernel,n,k,m,picks,us_per_call,weight_gbs,frac_copy,tflops,regs,blocks_per_sm");
     for r in rows {
         let c = &r.case;
         println!(
-            "{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.2}",
+            "{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.2},{},{}",
             c.what,
             r.kernel,
             c.n,
@@ -191,7 +191,9 @@ fn cuda_kernels(passes: usize, prefill: &str) -> Result<()> {
             r.micros,
             r.gbs,
             r.gbs / copy_gbs,
-            r.tflops
+            r.tflops,
+            r.regs,
+            r.blocks_per_sm
         );
     }
     Ok(())

@@ -394,7 +394,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         }
     };
     if kind == QuantKernelKind::MatMulMma {
-        src.push_str(lower.mma_helpers());
+        src.push_str(&lower.mma_helpers());
         src.push_str(&syn.kernel_open(&name, &params, 0, None));
         stage(&mut src);
         src.push_str(&lower.mma_body()?);

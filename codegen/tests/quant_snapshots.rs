@@ -22,6 +22,14 @@ fn q8_0_dequant_rows_cuda() {
     insta::assert_snapshot!("quant_dequant_rows_q8_0_cuda_sm90", k.source);
 }
 
+/// The tensor-core matmul's element-term path (`quant/cuda_mma.rs`), with an offset.
+#[test]
+fn q2_k_matmul_mma_cuda() {
+    let spec = ds4_ir::quant::spec(GgmlType::Q2K).unwrap();
+    let k = quant_kernel(spec, QuantKernelKind::MatMulMma, Target::CudaSm90).unwrap();
+    insta::assert_snapshot!("quant_matmul_mma_q2_k_cuda_sm90", k.source);
+}
+
 #[test]
 fn manifest_of_every_kernel_per_target() {
     for target in Target::ALL {

@@ -51,15 +51,17 @@ pub const MIN_BLOCKS: u32 = 8;
 /// 43.3 / 43.7, Q8_0 unchanged within noise.
 pub const RUN_UNROLL: u32 = 2;
 
+/// Greatest common divisor.
+pub(super) fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Least common multiple (a whole number of blocks and of vectors or steps).
 pub(super) fn lcm(a: u64, b: u64) -> u64 {
-    fn gcd(a: u64, b: u64) -> u64 {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
     a / gcd(a, b) * b
 }
 

@@ -99,6 +99,84 @@ __device__ __forceinline__ void ds4_cp_wait() {
 
 "#;
 
+/// Helpers of the element-term path (`TermMma`): bf16 packing, the three-way split of x,
+/// a matrix load and one bf16 MMA.
+const TERM_HELPERS: &str = r#"// Two f32 as a bf16 pair rounded to nearest: lo in the low half, hi in the high half.
+__device__ __forceinline__ unsigned int ds4_bf16x2(const float lo, const float hi) {
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// (x0, x1) = h + m + l, three bf16 pairs, each the rounding of what the previous left
+// (the rests are exact in f32): x is kept to about 2^-24 of itself.
+__device__ __forceinline__ void ds4_split_bf16x3(float x0, float x1, unsigned int& h, unsigned int& m, unsigned int& l) {
+    h = ds4_bf16x2(x0, x1);
+    x0 = x0 - __uint_as_float(h << 16);
+    x1 = x1 - __uint_as_float(h & 0xffff0000u);
+    m = ds4_bf16x2(x0, x1);
+    x0 = x0 - __uint_as_float(m << 16);
+    x1 = x1 - __uint_as_float(m & 0xffff0000u);
+    l = ds4_bf16x2(x0, x1);
+}
+
+// (x0, x1) = h + m, two bf16 pairs: x is kept to about 2^-17 of itself.
+__device__ __forceinline__ void ds4_split_bf16x2(float x0, float x1, unsigned int& h, unsigned int& m) {
+    h = ds4_bf16x2(x0, x1);
+    x0 = x0 - __uint_as_float(h << 16);
+    x1 = x1 - __uint_as_float(h & 0xffff0000u);
+    m = ds4_bf16x2(x0, x1);
+}
+
+// Four 8 x 8 bf16 matrices from shared memory (lanes 8i..8i+7 give matrix i's rows).
+__device__ __forceinline__ void ds4_ldsm_x4(unsigned int* r, const unsigned int addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+// d (16 x 8, f32) = a (16 x 16, bf16, row-major) . b (16 x 8, bf16, column-major) + c.
+__device__ __forceinline__ void ds4_mma_bf16(float* d, const unsigned int* a, const unsigned int b0, const unsigned int b1, const float* c) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+"#;
+
+/// The element-term path of `matmul_mma_<type>` (see the module comment), for types whose
+/// every element term is exact in bf16 and whose scale and offset hold for 16 elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TermMma {
+    /// The value has an offset (`scale · term − offset`: Q2_K, Q4_K).
+    pub offset: bool,
+    /// bf16 parts x is split into (2: x kept to 2^-17 of itself, 3: to 2^-24).
+    pub planes: u64,
+}
+
+impl TermMma {
+    /// Byte offset (from the term tiles' start) of the scales: after two term tiles and
+    /// two buffers of x's planes.
+    fn scales_at(self) -> u64 {
+        (2 + 2 * self.planes) * TERM_TILE
+    }
+}
+
+/// x's bf16 parts in the element-term path (`DS4_MMA_PLANES` overrides, for measurements).
+fn term_planes() -> u64 {
+    match std::env::var("DS4_MMA_PLANES").as_deref() {
+        Ok("2") => 2,
+        _ => 3,
+    }
+}
+
+/// Bytes of one row of a bf16 tile: 32 values and 16 bytes of padding, so that the eight
+/// 16-byte rows an `ldmatrix` reads at a time fall in distinct banks.
+const TERM_ROW: u64 = 80;
+/// Bytes of one bf16 tile (64 rows).
+const TERM_TILE: u64 = 64 * TERM_ROW;
+/// Bytes of a per-row (or per-token) pair of floats for 64 rows: one per 16 columns.
+const TERM_PAIRS: u64 = 64 * 2 * 4;
+
 /// The raw staging of a block-quantized type: `elems` columns at a time, each row's
 /// bytes in `vectors` 16-byte slots (room for them after a shift of up to 15).
 struct Stage {
@@ -119,8 +197,33 @@ impl Stage {
 
 impl Lower<'_> {
     /// The helpers placed before `matmul_mma_<type>`.
-    pub(super) fn mma_helpers(&self) -> &'static str {
-        MMA_HELPERS
+    pub(super) fn mma_helpers(&self) -> String {
+        match self.term_mma() {
+            Some(_) => format!("{MMA_HELPERS}{TERM_HELPERS}"),
+            None => MMA_HELPERS.to_string(),
+        }
+    }
+
+    /// Whether `matmul_mma_<type>` takes the element-term path: rows walked in runs inside
+    /// sub-blocks that a thread's 16 elements hold whole, every element term exact in
+    /// bf16 (`terms_exact_in_bf16`), the scale and offset the same for each 16 elements
+    /// (`scale_span`).
+    pub fn term_mma(&self) -> Option<TermMma> {
+        let super::runs::Shape::InSub { run } = self.shape() else { return None };
+        let f = self.factored()?;
+        let ok = 16 % run == 0 && self.spec.block_elems % 16 == 0 && self.scale_span() % 16 == 0 && self.terms_exact_in_bf16();
+        ok.then_some(TermMma { offset: f.offset.is_some(), planes: term_planes() })
+    }
+
+    /// Bytes of the tiles (dynamic shared memory before the staged rows).
+    fn tile_bytes(&self) -> u64 {
+        match self.term_mma() {
+            // x as f32 (one buffer: a thread reads only what it copied), then, two buffers
+            // each: the term tile, x's three bf16 planes, the scales, the offsets and x's
+            // sums per 16 columns.
+            Some(t) => TILE_FLOATS * 4 + t.scales_at() + 6 * TERM_PAIRS,
+            None => TILE_BYTES,
+        }
     }
 
     fn mma_stage(&self) -> Stage {
@@ -132,7 +235,7 @@ impl Lower<'_> {
 
     /// Dynamic shared memory of the kernel: the tiles and the staged rows, two buffers each.
     pub(super) fn mma_dynamic_shared(&self) -> u32 {
-        (TILE_BYTES + 2 * self.mma_stage().buffer_bytes()) as u32
+        (self.tile_bytes() + 2 * self.mma_stage().buffer_bytes()) as u32
     }
 
     /// The body of `matmul_mma_<type>` (after `kernel_open` and the tables' staging).
@@ -140,6 +243,7 @@ impl Lower<'_> {
         let (be, bb) = (self.spec.block_elems as u64, self.spec.block_bytes as u64);
         let stage = self.mma_stage();
         let tf = TILE_FLOATS;
+        let term = self.term_mma();
         let mut o = String::new();
         let w = |o: &mut String, depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
@@ -147,8 +251,11 @@ impl Lower<'_> {
         // Tile bookkeeping: which tokens (x offsets, output rows) this block serves.
         for l in [
             "extern __shared__ __align__(16) unsigned char ds4_smem[];".to_string(),
-            "float* const ws = (float*)ds4_smem;".into(),
-            format!("float* const xs = ws + {};", 2 * tf),
+            match term {
+                // One x buffer, then the term path's tiles (`tile_bytes`).
+                Some(_) => format!("float* const xs = (float*)ds4_smem;\n    unsigned char* const tb = ds4_smem + {};", tf * 4),
+                None => format!("float* const ws = (float*)ds4_smem;\n    float* const xs = ws + {};", 2 * tf),
+            },
             "__shared__ unsigned long long xrow[64];".into(),
             "__shared__ long long prow[64];".into(),
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
@@ -183,7 +290,7 @@ impl Lower<'_> {
             "const unsigned long long row_at = (ex * n + (wrow < n ? wrow : 0ull)) * row_bytes;".into(),
             "const bool tok_ok = prow[trow] >= 0;".into(),
             "const unsigned long long tok_x = xrow[trow];".into(),
-            "float wr[16];".into(),
+            if term.is_some() { "float tv[16];".into() } else { "float wr[16];".into() },
             // Split over k (few tiles, long rows): slice blockIdx.z sums columns
             // [k_lo, k_hi) into its own copy of the output; the runtime adds the slices.
             "const unsigned long long k_lo = (unsigned long long)blockIdx.z * k_slice;".into(),
@@ -197,7 +304,7 @@ impl Lower<'_> {
         let x_copy = |o: &mut String, depth: usize, c0: &str, b: &str| {
             for l in [
                 "{".to_string(),
-                format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;"),
+                if term.is_some() { "    float* const xd = xs + trow * 36ull + half;".to_string() } else { format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;") },
                 format!("    const unsigned long long ex0 = {c0} + half;"),
                 "    if ((k & 3ull) == 0ull) {".into(),
                 "        for (int q = 0; q < 4; q++) {".into(),
@@ -300,7 +407,10 @@ impl Lower<'_> {
         };
         let st = &stage;
         let se = st.elems;
-        w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf));
+        match term {
+            Some(t) => w(&mut o, 1, &format!("unsigned char* const wst = tb + {};", t.scales_at() + 6 * TERM_PAIRS)),
+            None => w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf)),
+        }
         // The first stage and x tile, complete before the first step reads them.
         stage_copy(&mut o, 1, st, "k_lo", "0u");
         x_copy(&mut o, 1, "k_lo", "0u");
@@ -322,7 +432,10 @@ impl Lower<'_> {
             x_copy(o, d + 1, "(k0 + 32ull)", "buf ^ 1u");
             w(o, d, "}");
         };
-        step(&mut o, 3, &staged, "my_at", "k0 + half", &next)?;
+        match term {
+            Some(t) => self.term_step(&mut o, 3, &staged, t, &next)?,
+            None => step(&mut o, 3, &staged, "my_at", "k0 + half", &next)?,
+        }
         w(&mut o, 2, "}");
         w(&mut o, 1, "}");
         // c[i][j][q]: row g (+8 for q ≥ 2) of the warp's i-th 16 rows, token 2·t4 (+1 for
@@ -346,9 +459,160 @@ impl Lower<'_> {
     }
 }
 
+impl Lower<'_> {
+    /// One 32-column step of the element-term path into buffer `buf` (see the module
+    /// comment): the thread's 16 terms as bf16 and their scale (and offset) into the tiles,
+    /// its 16 x values (copied by itself: no barrier needed to read them) as three bf16
+    /// planes (and their sum), one barrier, the next copies (`next`), then per 16 columns a
+    /// fresh `term · (h + m + l)` on the tensor cores, scaled into the accumulators.
+    fn term_step(&self, o: &mut String, depth: usize, lower: &Lower, t: TermMma, next: &dyn Fn(&mut String, usize)) -> Result<(), QuantGenError> {
+        let w = |o: &mut String, d: usize, text: &str| {
+            let _ = writeln!(o, "{}{text}", "    ".repeat(d));
+        };
+        let (tt, tp) = (TERM_TILE, TERM_PAIRS);
+        // Floats from the scales to the offsets and to x's sums.
+        let (to_of, to_xsum) = (tp / 4 * 2, tp / 4 * 4);
+        let pack = |q: usize| format!("__byte_perm(__float_as_uint(tv[{}]), __float_as_uint(tv[{}]), 0x7632u)", 2 * q, 2 * q + 1);
+        let uint4 = |base: usize, f: &dyn Fn(usize) -> String| format!("make_uint4({}, {}, {}, {})", f(base), f(base + 1), f(base + 2), f(base + 3));
+        w(o, depth, "{");
+        w(o, depth + 1, "const unsigned long long row_base = my_at;");
+        w(o, depth + 1, "const unsigned long long e0 = k0 + half;");
+        w(o, depth + 1, "float t_sc = 0.0f, t_of = 0.0f;");
+        w(o, depth + 1, "if (wrow < n) {");
+        let store = |i: u64, v: &str| format!("tv[{i}] = {v};");
+        let scale = |sc: &str, off: Option<&str>| match off {
+            Some(of) => format!("t_sc = {sc}; t_of = {of};"),
+            None => format!("t_sc = {sc};"),
+        };
+        for (d, l) in lower.term_runs(16, &store, &scale)? {
+            w(o, depth + 2 + d, &l);
+        }
+        w(o, depth + 1, "} else {");
+        w(o, depth + 2, "for (int i = 0; i < 16; i++) tv[i] = 0.0f;");
+        w(o, depth + 1, "}");
+        w(o, depth + 1, &format!("uint4* const wd = (uint4*)(tb + buf * {tt}u + trow * {TERM_ROW}ull + hb * 32u);"));
+        w(o, depth + 1, &format!("wd[0] = {};", uint4(0, &pack)));
+        w(o, depth + 1, &format!("wd[1] = {};", uint4(4, &pack)));
+        w(o, depth + 1, &format!("float* const scw = (float*)(tb + {}u) + buf * 128u + trow * 2ull + hb;", t.scales_at()));
+        w(o, depth + 1, "scw[0] = t_sc;");
+        if t.offset {
+            w(o, depth + 1, &format!("scw[{to_of}] = t_of;"));
+        }
+        w(o, depth, "}");
+        w(o, depth, "ds4_cp_wait();");
+        w(o, depth, "{");
+        w(o, depth + 1, "const float* const xv = xs + trow * 36ull + half;");
+        let np = t.planes as usize;
+        let names = &["xh", "xm", "xl"][..np];
+        w(o, depth + 1, &format!("unsigned int {};", names.iter().map(|n| format!("{n}[8]")).collect::<Vec<_>>().join(", ")));
+        if t.offset {
+            w(o, depth + 1, "float xsum = 0.0f;");
+        }
+        w(o, depth + 1, "#pragma unroll");
+        w(o, depth + 1, "for (int q = 0; q < 4; q++) {");
+        w(o, depth + 2, "const float4 v = *(const float4*)(xv + 4 * q);");
+        for (e, (a, b)) in [("v.x", "v.y"), ("v.z", "v.w")].iter().enumerate() {
+            let outs: Vec<String> = names.iter().map(|n| format!("{n}[2 * q + {e}]")).collect();
+            w(o, depth + 2, &format!("ds4_split_bf16x{np}({a}, {b}, {});", outs.join(", ")));
+        }
+        if t.offset {
+            w(o, depth + 2, "xsum = xsum + v.x + v.y + v.z + v.w;");
+        }
+        w(o, depth + 1, "}");
+        for (p, name) in names.iter().enumerate() {
+            let at = format!("(uint4*)(tb + {}u + buf * {}u + trow * {TERM_ROW}ull + hb * 32u)", (2 + p as u64) * tt, t.planes * tt);
+            let f = |i: usize| format!("{name}[{i}]");
+            w(o, depth + 1, &format!("{{ uint4* const xd = {at}; xd[0] = {}; xd[1] = {}; }}", uint4(0, &f), uint4(4, &f)));
+        }
+        if t.offset {
+            w(o, depth + 1, &format!("((float*)(tb + {}u))[buf * 128u + trow * 2ull + hb + {to_xsum}u] = xsum;", t.scales_at()));
+        }
+        w(o, depth, "}");
+        w(o, depth, "__syncthreads();");
+        next(o, depth);
+        for l in [
+            "const unsigned int tb_s = (unsigned int)__cvta_generic_to_shared(tb);".to_string(),
+            format!("const float* const scr = (const float*)(tb + {}u) + buf * 128u;", t.scales_at()),
+            // Lane l gives row l % 16, columns 8·(l / 16) of A's four 8 x 8 matrices, and
+            // token l % 8 + 8·(l / 16), columns 8·(l / 8 % 2) of B's (two 8-token tiles).
+            format!("const unsigned int a_at = tb_s + buf * {tt}u + (wm * 32u + (lane & 15u)) * {TERM_ROW}u + (lane >> 4) * 16u;"),
+            format!("const unsigned int b_at = tb_s + {}u + buf * {}u + (wn * 32u + (lane & 7u) + (lane >> 4) * 8u) * {TERM_ROW}u + ((lane >> 3) & 1u) * 16u;", 2 * tt, t.planes * tt),
+            "const float zero4[4] = {0.0f, 0.0f, 0.0f, 0.0f};".into(),
+            "#pragma unroll".into(),
+            "for (int sg = 0; sg < 2; sg++) {".into(),
+            "    unsigned int a[2][4];".into(),
+            "    float rs[2][2], ro[2][2];".into(),
+            "    #pragma unroll".into(),
+            "    for (int i = 0; i < 2; i++) {".into(),
+            format!("        ds4_ldsm_x4(a[i], a_at + i * {}u + sg * 32u);", 16 * TERM_ROW),
+            "        for (int h = 0; h < 2; h++) {".into(),
+            "            const unsigned int r = wm * 32u + i * 16u + g + 8u * h;".into(),
+            "            rs[i][h] = scr[r * 2u + sg];".into(),
+            format!("            ro[i][h] = {};", if t.offset { format!("scr[{to_of}u + r * 2u + sg]") } else { "0.0f".into() }),
+            "        }".into(),
+            "    }".into(),
+            "    #pragma unroll".into(),
+            "    for (int jp = 0; jp < 2; jp++) {".into(),
+            format!("        unsigned int b[{np}][4];"),
+            "        #pragma unroll".into(),
+            format!("        for (int p = 0; p < {np}; p++) ds4_ldsm_x4(b[p], b_at + p * {tt}u + jp * {}u + sg * 32u);", 16 * TERM_ROW),
+            "        #pragma unroll".into(),
+            "        for (int jj = 0; jj < 2; jj++) {".into(),
+            "            const int j = jp * 2 + jj;".into(),
+            "            float xs2[2];".into(),
+            "            for (int e = 0; e < 2; e++) {".into(),
+            format!("                xs2[e] = {};", if t.offset { format!("scr[{to_xsum}u + (wn * 32u + j * 8u + 2u * t4 + e) * 2u + sg]") } else { "0.0f".into() }),
+            "            }".into(),
+            "            #pragma unroll".into(),
+            "            for (int i = 0; i < 2; i++) {".into(),
+            // The smallest part first: the sum loses the least.
+            "                float f[4];".into(),
+            format!("                ds4_mma_bf16(f, a[i], b[{l}][2 * jj], b[{l}][2 * jj + 1], zero4);", l = np - 1),
+            "                #pragma unroll".into(),
+            format!("                for (int p = {}; p >= 0; p--) ds4_mma_bf16(f, a[i], b[p][2 * jj], b[p][2 * jj + 1], f);", np - 2),
+            "                #pragma unroll".into(),
+            "                for (int q = 0; q < 4; q++) {".into(),
+            "                    c[i][j][q] = __fmaf_rn(rs[i][q >> 1], f[q], c[i][j][q]);".into(),
+        ] {
+            w(o, depth, &l);
+        }
+        if t.offset {
+            w(o, depth, "                    c[i][j][q] = __fmaf_rn(ro[i][q >> 1], xs2[q & 1], c[i][j][q]);");
+        }
+        for l in ["                }", "            }", "        }", "    }", "}"] {
+            w(o, depth, l);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which types take the element-term path, and why the others do not.
+    #[test]
+    fn integer_term_types_take_the_bf16_path() {
+        use ds4_ir::GgmlType::*;
+        let syn = crate::quant::syntax(crate::Target::CudaSm90).unwrap();
+        for (t, path, span) in [
+            (Q8_0, Some(TermMma { offset: false, planes: 3 }), 32),
+            (Q2K, Some(TermMma { offset: true, planes: 3 }), 16),
+            (Q4K, Some(TermMma { offset: true, planes: 3 }), 32),
+            (Q6K, Some(TermMma { offset: false, planes: 3 }), 16),
+            // Its scale reads `s / 4`: four sub-blocks of 8.
+            (Iq2Xxs, Some(TermMma { offset: false, planes: 3 }), 32),
+            (Mxfp4, Some(TermMma { offset: false, planes: 3 }), 32),
+            // One element per block: nothing factored, the value itself is not exact in bf16.
+            (F16, None, 0),
+            (F32, None, 0),
+        ] {
+            let spec = ds4_ir::quant::spec(t).unwrap();
+            let l = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None };
+            assert_eq!(l.term_mma(), path, "{t}");
+            assert_eq!(l.scale_span(), span, "{t}");
+        }
+    }
 
     #[test]
     fn stages_hold_whole_blocks_and_at_least_two_steps() {

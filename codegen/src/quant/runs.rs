@@ -426,34 +426,148 @@ impl Lower<'_> {
                 }
             }
             Shape::InSub { run } => {
-                for q in 0..count / run {
-                    out.push((0, "{".into()));
-                    out.push((1, s.decl("ea", self.iw(), false, &format!("e0 + {}", self.idx(q * run)))));
-                    out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("row_base + (ea / {be}) * {bb}"))));
-                    out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
-                    if run != self.spec.sub_block as u64 {
-                        out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
-                    }
-                    for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
-                        out.push((1, l));
-                    }
-                    for jj in 0..run {
-                        out.push((1, "{".into()));
-                        let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
-                        out.push((2, s.decl("j", Word::U32, false, &j)));
-                        let el = Lower { run_elem: Some(jj), ..*self };
-                        for l in el.lets_at(Level::Elem)? {
-                            out.push((2, l));
-                        }
-                        out.push((2, s.decl("wv", Word::F32, false, &el.expr(self.spec.value)?)));
-                        out.push((2, store(q * run + jj, "wv")));
-                        out.push((1, "}".into()));
-                    }
-                    out.push((0, "}".into()));
-                }
+                let value = |el: &Lower, i: u64| -> Result<Vec<String>, super::QuantGenError> {
+                    Ok(vec![s.decl("wv", Word::F32, false, &el.expr(self.spec.value)?), store(i, "wv")])
+                };
+                out = self.sub_runs(run, count, &|| Ok(Vec::new()), &value)?;
             }
         }
         Ok(out)
+    }
+
+    /// Lines that de-quantize the element *terms* of `count` consecutive elements of the
+    /// row at `row_base` from element `e0` (as `value_runs`), for a product that applies
+    /// the scale and offset afterwards (`Factored`): `store(i, t)` for element `e0 + i`
+    /// with term `t`, and `scale(sc, off)` once, the factored scale and offset (None:
+    /// none) of element `e0`, which hold for all `count` elements when `count` divides
+    /// [`Lower::scale_span`]. Only for `Shape::InSub` layouts with a factored value.
+    pub(super) fn term_runs(&self, count: u64, store: &dyn Fn(u64, &str) -> String, scale: &dyn Fn(&str, Option<&str>) -> String) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        let s = self.syn;
+        let (Shape::InSub { run }, Some(f)) = (self.shape(), self.factored()) else {
+            return Err(super::QuantGenError(format!("{:?}: no element terms to de-quantize", self.spec.ggml)));
+        };
+        let first = || -> Result<Vec<String>, super::QuantGenError> {
+            let mut l = vec![s.decl("rsc", Word::F32, false, &self.product(&f.scale)?)];
+            let off = match f.offset {
+                Some((neg, o)) => {
+                    let o = self.expr(o)?;
+                    l.push(s.decl("rso", Word::F32, false, &if neg { format!("(-{o})") } else { o }));
+                    Some("rso")
+                }
+                None => None,
+            };
+            l.push(scale("rsc", off));
+            Ok(l)
+        };
+        let term = |el: &Lower, i: u64| -> Result<Vec<String>, super::QuantGenError> { Ok(vec![s.decl("ev", Word::F32, false, &el.product(&f.elem)?), store(i, "ev")]) };
+        self.sub_runs(run, count, &first, &term)
+    }
+
+    /// `count` elements from `e0` in runs of `run` inside sub-blocks: each run's block and
+    /// sub-block lets and hoisted byte words, `first` once (in the first run, after its
+    /// lets), then `elem(el, i)` for element `e0 + i` (`el` lowers inside the run).
+    #[allow(clippy::type_complexity)]
+    fn sub_runs(
+        &self,
+        run: u64,
+        count: u64,
+        first: &dyn Fn() -> Result<Vec<String>, super::QuantGenError>,
+        elem: &dyn Fn(&Lower, u64) -> Result<Vec<String>, super::QuantGenError>,
+    ) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        let s = self.syn;
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let mut out = Vec::new();
+        for q in 0..count / run {
+            out.push((0, "{".into()));
+            out.push((1, s.decl("ea", self.iw(), false, &format!("e0 + {}", self.idx(q * run)))));
+            out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("row_base + (ea / {be}) * {bb}"))));
+            out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
+            if run != self.spec.sub_block as u64 {
+                out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
+            }
+            for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
+                out.push((1, l));
+            }
+            if q == 0 {
+                out.extend(first()?.into_iter().map(|l| (1, l)));
+            }
+            for jj in 0..run {
+                out.push((1, "{".into()));
+                let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
+                out.push((2, s.decl("j", Word::U32, false, &j)));
+                let el = Lower { run_elem: Some(jj), ..*self };
+                for l in el.lets_at(Level::Elem)? {
+                    out.push((2, l));
+                }
+                out.extend(elem(&el, q * run + jj)?.into_iter().map(|l| (2, l)));
+                out.push((1, "}".into()));
+            }
+            out.push((0, "}".into()));
+        }
+        Ok(out)
+    }
+
+    /// The values the factored element term can take (the product of the element
+    /// factors, multiplied in the order `product` lowers them), when they are few.
+    pub(super) fn term_values(&self) -> Option<Vec<f32>> {
+        let f = self.factored()?;
+        let mut acc = vec![1.0f32];
+        for (i, e) in f.elem.iter().enumerate() {
+            let vals = ds4_ir::quant::values::values(self.spec, e)?;
+            acc = if i == 0 { vals } else { acc.iter().flat_map(|a| vals.iter().map(move |v| a * v)).collect() };
+            acc.sort_by_key(|v| v.to_bits());
+            acc.dedup_by_key(|v| v.to_bits());
+            if acc.len() > ds4_ir::quant::values::MAX_VALUES {
+                return None;
+            }
+        }
+        Some(acc)
+    }
+
+    /// Whether every element term is exact in bf16 (finite, its low 16 bits zero): a
+    /// tensor core then multiplies it without splitting it.
+    pub(super) fn terms_exact_in_bf16(&self) -> bool {
+        self.term_values().is_some_and(|v| v.iter().all(|t| t.is_finite() && t.to_bits() & 0xFFFF == 0))
+    }
+
+    /// Elements over which the factored scale and offset stay the same, from the start of
+    /// a block: the block when they depend on no sub-block, else `sub_block · c` where
+    /// every use of `s` in them (through their lets) is `s / c'` with `c | c'` (IQ2_XXS:
+    /// its scale reads `s / 4`, so it holds for 4 sub-blocks of 8). 0 when nothing is
+    /// factored.
+    pub(super) fn scale_span(&self) -> u64 {
+        fn divisors(l: &Lower, e: &'static Expr, out: &mut Vec<u64>) {
+            match *e {
+                Expr::Binary(BinOp::Div, _, Expr::Sub, Expr::Int(_, c)) => out.push(*c),
+                Expr::Sub => out.push(1),
+                Expr::Var(n, _) => {
+                    if let Some(let_) = l.spec.let_(n) {
+                        divisors(l, let_.value, out)
+                    }
+                }
+                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => divisors(l, a, out),
+                Expr::Binary(_, _, a, b) => {
+                    divisors(l, a, out);
+                    divisors(l, b, out);
+                }
+                Expr::Select(_, c, a, b) => {
+                    divisors(l, c, out);
+                    divisors(l, a, out);
+                    divisors(l, b, out);
+                }
+                Expr::Int(..) | Expr::F32(_) | Expr::Lane | Expr::Field(..) => {}
+            }
+        }
+        let Some(f) = self.factored() else { return 0 };
+        let mut ds = Vec::new();
+        for e in f.scale.iter().copied().chain(f.offset.map(|o| o.1)) {
+            divisors(self, e, &mut ds);
+        }
+        let (be, sb) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
+        match ds.into_iter().reduce(super::cuda_matvec::gcd) {
+            None => be,
+            Some(c) => super::cuda_matvec::gcd(sb * c, be),
+        }
     }
 }
 

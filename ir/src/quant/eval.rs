@@ -8,7 +8,7 @@ use super::expr::{BinOp, Expr, Ty, UnOp};
 use super::spec::{QuantSpec, Table};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Val {
+pub(super) enum Val {
     Bool(bool),
     /// An integer of the given type, held as its mathematical value (already wrapped).
     Int(Ty, i128),
@@ -18,7 +18,7 @@ enum Val {
 }
 
 /// Wrap a mathematical integer to `ty`'s width (two's complement).
-fn wrap(ty: Ty, v: i128) -> i128 {
+pub(super) fn wrap(ty: Ty, v: i128) -> i128 {
     let w = ty.bits();
     let m = v & ((1i128 << w) - 1);
     if ty.is_signed() && m >= 1i128 << (w - 1) {
@@ -28,7 +28,7 @@ fn wrap(ty: Ty, v: i128) -> i128 {
     }
 }
 
-fn from_bits(ty: Ty, bits: u64) -> Val {
+pub(super) fn from_bits(ty: Ty, bits: u64) -> Val {
     match ty {
         Ty::F32 => Val::F32(f32::from_bits(bits as u32)),
         Ty::F16 => Val::F16(bits as u16),
@@ -95,22 +95,10 @@ impl Ctx<'_> {
                 assert!(i < tab.len(), "{n}[{i}] out of bounds");
                 from_bits(t, tab.bits(i))
             }
-            Expr::Unary(op, t, a) => match (op, self.eval(a)) {
-                (UnOp::Neg, Val::Int(_, v)) => Val::Int(t, wrap(t, -v)),
-                (UnOp::Neg, Val::F32(v)) => Val::F32(-v),
-                (UnOp::Not, Val::Int(_, v)) => Val::Int(t, wrap(t, !v)),
-                (UnOp::Not, Val::Bool(b)) => Val::Bool(!b),
-                (op, v) => panic!("{op:?} on {v:?}"),
-            },
+            Expr::Unary(op, t, a) => unary(op, t, self.eval(a)),
             Expr::Binary(op, t, a, b) => binary(op, t, self.eval(a), self.eval(b)),
             Expr::Cast(t, a) => cast(t, self.eval(a)),
-            Expr::Bitcast(t, a) => match (t, self.eval(a)) {
-                (Ty::F32, Val::Int(_, v)) => Val::F32(f32::from_bits(v as u32)),
-                (Ty::U32, Val::F32(v)) => Val::Int(t, v.to_bits() as i128),
-                (Ty::F16, Val::Int(_, v)) => Val::F16(v as u16),
-                (Ty::U16, Val::F16(h)) => Val::Int(t, h as i128),
-                (t, v) => panic!("bitcast of {v:?} to {t}"),
-            },
+            Expr::Bitcast(t, a) => bitcast(t, self.eval(a)),
             Expr::Select(_, c, a, b) => {
                 let (a, b) = (self.eval(a), self.eval(b));
                 match self.eval(c) {
@@ -123,7 +111,17 @@ impl Ctx<'_> {
     }
 }
 
-fn binary(op: BinOp, t: Ty, a: Val, b: Val) -> Val {
+pub(super) fn unary(op: UnOp, t: Ty, v: Val) -> Val {
+    match (op, v) {
+        (UnOp::Neg, Val::Int(_, v)) => Val::Int(t, wrap(t, -v)),
+        (UnOp::Neg, Val::F32(v)) => Val::F32(-v),
+        (UnOp::Not, Val::Int(_, v)) => Val::Int(t, wrap(t, !v)),
+        (UnOp::Not, Val::Bool(b)) => Val::Bool(!b),
+        (op, v) => panic!("{op:?} on {v:?}"),
+    }
+}
+
+pub(super) fn binary(op: BinOp, t: Ty, a: Val, b: Val) -> Val {
     use BinOp::*;
     match (a, b) {
         (Val::Int(lt, x), Val::Int(_, y)) => match op {
@@ -172,8 +170,19 @@ fn binary(op: BinOp, t: Ty, a: Val, b: Val) -> Val {
     }
 }
 
+/// Reinterpret the bits: u32<->f32, u16<->f16.
+pub(super) fn bitcast(t: Ty, v: Val) -> Val {
+    match (t, v) {
+        (Ty::F32, Val::Int(_, v)) => Val::F32(f32::from_bits(v as u32)),
+        (Ty::U32, Val::F32(v)) => Val::Int(t, v.to_bits() as i128),
+        (Ty::F16, Val::Int(_, v)) => Val::F16(v as u16),
+        (Ty::U16, Val::F16(h)) => Val::Int(t, h as i128),
+        (t, v) => panic!("bitcast of {v:?} to {t}"),
+    }
+}
+
 /// `as`, with Rust's rules (float to int saturates, NaN to 0; int to float rounds to nearest).
-fn cast(t: Ty, v: Val) -> Val {
+pub(super) fn cast(t: Ty, v: Val) -> Val {
     match (v, t) {
         (Val::Int(_, x), Ty::F32) => Val::F32(x as f32),
         (Val::Int(_, x), t) if t.is_int() => Val::Int(t, wrap(t, x)),

@@ -21,6 +21,7 @@ pub mod expr;
 pub mod fit;
 pub mod rt;
 pub mod spec;
+pub mod values;
 
 mod acts;
 mod api;

@@ -66,6 +66,9 @@ pub struct BenchRow {
     /// Weight bytes read per call over the time.
     pub gbs: f64,
     pub tflops: f64,
+    /// The kernel's registers per thread and resident blocks per SM (its occupancy).
+    pub regs: i32,
+    pub blocks_per_sm: u32,
 }
 
 struct Rng(u64);
@@ -196,7 +199,9 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
             _ => c.n * row_bytes,
         };
         let flops = 2.0 * (c.m * picks) as f64 * c.n as f64 * c.k as f64;
-        rows.push(BenchRow { case: c.clone(), kernel: name, micros: secs * 1e6, gbs: read as f64 / secs / 1e9, tflops: flops / secs / 1e12 });
+        let regs = k.func.num_regs().unwrap_or(0);
+        let blocks_per_sm = k.func.occupancy_max_active_blocks_per_multiprocessor(k.threads, k.dyn_shared as usize, None).unwrap_or(0);
+        rows.push(BenchRow { case: c.clone(), kernel: name, micros: secs * 1e6, gbs: read as f64 / secs / 1e9, tflops: flops / secs / 1e12, regs, blocks_per_sm });
     }
     Ok((rows, copy_gbs, dev.name.clone()))
 }
