@@ -395,7 +395,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     };
     if kind == QuantKernelKind::MatMulMma {
         src.push_str(&lower.mma_helpers());
-        src.push_str(&syn.kernel_open(&name, &params, 0, None));
+        src.push_str(&syn.kernel_open(&name, &params, 0, lower.mma_min_blocks()));
         stage(&mut src);
         src.push_str(&lower.mma_body()?);
         src.push_str("}\n");
@@ -485,7 +485,7 @@ pub(crate) const WORDS_PAD: u64 = 16;
 
 impl Lower<'_> {
     /// Bytes of the tables' shared-memory copies (none when they are read from constants).
-    fn staged_table_bytes(&self) -> usize {
+    pub(super) fn staged_table_bytes(&self) -> usize {
         if self.shared_tables {
             self.spec.tables.iter().map(|t| staged_table_len(t.ty, t.len()) * t.ty.bytes()).sum()
         } else {

@@ -16,6 +16,21 @@
 //! sum within about 3e-6 of Σ|w·x| before f32 accumulation: the kernel parity test holds
 //! it to 1e-5 of Σ|w·x|, the SIMT kernel's bound (measured on the H200: ≤ 1.1e-6).
 //!
+//! **The element-term path** (`TermMma`: Q8_0, Q2_K, Q4_K, Q6_K, IQ2_XXS, MXFP4). Where
+//! every element term of the factored value (`scale · term + offset`, see `runs.rs`) is
+//! exact in bf16 (small integers, IQ2_XXS's ±8/25/43: `Lower::terms_exact_in_bf16`, by
+//! interpreting the declaration over value sets) and the scale and offset hold for 16
+//! columns (`Lower::scale_span`), the weights need no split: each thread de-quantizes its
+//! 16 terms once (`Lower::term_runs`) into a bf16 tile with their scale (and offset), splits
+//! its 16 x values into [`TERM_PLANES`] bf16 parts, and the warps multiply with
+//! `mma.sync.m16n8k16` on bf16 (operands by `ldmatrix`), a fresh product per part summed
+//! smallest first, then scaled into the f32 accumulators once per 16 or 32 columns; an
+//! offset adds `offset · Σx` (x's sums per 16 columns, made with the split). Per 16
+//! columns that is 2 MMAs of k = 16 where TF32 takes 6 of k = 8, and no operand split in
+//! the multiply loop: Q8_0 at 2048 tokens 3.0 → 2.0 ms, IQ2_XXS experts 6.1 → 4.3 ms on
+//! the H200, the error 2e-7..1.7e-6 of Σ|w·x| (`TERM_PLANES`). Other types (F32, F16,
+//! BF16) take the TF32 path.
+//!
 //! The kernel is latency-bound (Nsight Compute on the H200: 19-25% occupancy, register-
 //! limited, ~6 cycles between a warp's instructions), so the steps are pipelined and every
 //! access is as wide as it can be:
@@ -151,6 +166,8 @@ pub struct TermMma {
     pub offset: bool,
     /// bf16 parts x is split into (2: x kept to 2^-17 of itself, 3: to 2^-24).
     pub planes: u64,
+    /// The scale holds for 32 columns (a step): applied once per step.
+    pub span32: bool,
 }
 
 impl TermMma {
@@ -159,19 +176,42 @@ impl TermMma {
     fn scales_at(self) -> u64 {
         (2 + 2 * self.planes) * TERM_TILE
     }
-}
-
-/// x's bf16 parts in the element-term path (`DS4_MMA_PLANES` overrides, for measurements).
-fn term_planes() -> u64 {
-    match std::env::var("DS4_MMA_PLANES").as_deref() {
-        Ok("2") => 2,
-        _ => 3,
+    /// Bytes of the per-row and per-token floats, two buffers: the scales, and with an
+    /// offset the offsets and x's sums.
+    fn pairs_bytes(self) -> u64 {
+        2 * TERM_PAIRS * if self.offset { 3 } else { 1 }
     }
 }
 
-/// Bytes of one row of a bf16 tile: 32 values and 16 bytes of padding, so that the eight
-/// 16-byte rows an `ldmatrix` reads at a time fall in distinct banks.
-const TERM_ROW: u64 = 80;
+/// bf16 parts x is split into on the element-term path: three keep x to 2^-24 of itself
+/// (measured on the H200: ≤ 5e-8 of Σ|w·x|, as the SIMT kernel). Two keep it to 2^-17
+/// (≤ 1.7e-6 of Σ|w·x|, inside the kernels' own 1e-5 bound) and were 10-15% faster, but
+/// the tiny models then failed their CPU-vs-CUDA and reference parity bounds (tiny-q4
+/// logits 1.2e-4·std apart, tiny-q2's p99 2.4e-2·std at 150 tokens): the indexer's FP4
+/// act-sim rounds differences that small into different codes.
+const TERM_PLANES: u64 = 3;
+
+/// Bytes of one row of a bf16 tile: 32 values, in four 16-byte chunks stored swizzled
+/// (chunk c of row r at c ^ (r / 2 % 4): `swizzle`), so that the eight rows an `ldmatrix`
+/// reads at a time, and the threads' stores, fall in distinct banks without padding (the
+/// padding's 16 bytes a row cost the fourth block an SM).
+const TERM_ROW: u64 = 64;
+
+/// The swizzled 16-byte chunk of chunk `c` (an expression) in row `r` of a bf16 tile.
+fn swizzle(c: &str, r: &str) -> String {
+    format!("(({c}) ^ ((({r}) >> 1) & 3u))")
+}
+
+/// The swizzled 16-byte chunk of chunk `q` (0..4, an expression) of this thread's half
+/// row of the term path's x tile: eight threads' 16-byte accesses (four tokens, both
+/// halves) fall in distinct banks.
+fn x_chunk(q: &str) -> String {
+    format!("((hb * 4u + ({q})) ^ ((unsigned int)trow & 3u))")
+}
+
+/// Bytes of the term path's x tile: 64 tokens × 32 floats, one buffer (a thread reads only
+/// what it copied), 16-byte chunks swizzled by `c ^ (token % 4)` within each half row.
+const TERM_X_BYTES: u64 = 64 * 32 * 4;
 /// Bytes of one bf16 tile (64 rows).
 const TERM_TILE: u64 = 64 * TERM_ROW;
 /// Bytes of a per-row (or per-token) pair of floats for 64 rows: one per 16 columns.
@@ -212,7 +252,23 @@ impl Lower<'_> {
         let super::runs::Shape::InSub { run } = self.shape() else { return None };
         let f = self.factored()?;
         let ok = 16 % run == 0 && self.spec.block_elems % 16 == 0 && self.scale_span() % 16 == 0 && self.terms_exact_in_bf16();
-        ok.then_some(TermMma { offset: f.offset.is_some(), planes: term_planes() })
+        // Scaling once per step saves 16 of 32 multiply-adds a 16-column step and 10-14
+        // registers (the H200: Q8_0 2.24 → 2.02 ms, now 4 blocks an SM; IQ2_XXS 4.42 → 4.29).
+        let span32 = self.scale_span() % 32 == 0;
+        ok.then_some(TermMma { offset: f.offset.is_some(), planes: TERM_PLANES, span32 })
+    }
+
+    /// Blocks per SM the kernel is compiled for (`__launch_bounds__`). The TF32 path at 4
+    /// (128 registers; F16 at 2048 tokens on the H200: 0.77 → 0.55 ms, 3 → 4 blocks an SM);
+    /// the element-term path as the compiler likes (Q8_0 and IQ2_XXS at 120-125 registers
+    /// already; Q2_K's 168 forced to 128 measured 5.46 → 5.71 ms).
+    /// Only where four blocks' shared memory fits the 228 KiB of an sm_90 SM (F32's staged
+    /// rows do not: its registers are left alone).
+    pub(super) fn mma_min_blocks(&self) -> Option<u32> {
+        let shared = STATIC_SHARED_BYTES + self.staged_table_bytes() as u64 + self.mma_dynamic_shared() as u64;
+        // Each resident block also reserves 1 KiB.
+        let fits = 4 * (shared + 1024) <= 228 * 1024;
+        (self.term_mma().is_none() && fits).then_some(4)
     }
 
     /// Bytes of the tiles (dynamic shared memory before the staged rows).
@@ -221,7 +277,7 @@ impl Lower<'_> {
             // x as f32 (one buffer: a thread reads only what it copied), then, two buffers
             // each: the term tile, x's three bf16 planes, the scales, the offsets and x's
             // sums per 16 columns.
-            Some(t) => TILE_FLOATS * 4 + t.scales_at() + 6 * TERM_PAIRS,
+            Some(t) => TERM_X_BYTES + t.scales_at() + t.pairs_bytes(),
             None => TILE_BYTES,
         }
     }
@@ -253,7 +309,7 @@ impl Lower<'_> {
             "extern __shared__ __align__(16) unsigned char ds4_smem[];".to_string(),
             match term {
                 // One x buffer, then the term path's tiles (`tile_bytes`).
-                Some(_) => format!("float* const xs = (float*)ds4_smem;\n    unsigned char* const tb = ds4_smem + {};", tf * 4),
+                Some(_) => format!("float* const xs = (float*)ds4_smem;\n    unsigned char* const tb = ds4_smem + {TERM_X_BYTES};"),
                 None => format!("float* const ws = (float*)ds4_smem;\n    float* const xs = ws + {};", 2 * tf),
             },
             "__shared__ unsigned long long xrow[64];".into(),
@@ -301,19 +357,25 @@ impl Lower<'_> {
         }
         // The x tile of the step at column `c0` into buffer `b`: 16-byte copies (zeros past
         // k and for empty token slots), or plain loads where rows are not 16-byte aligned.
+        // The 16-byte chunk of this thread's 16 x values (the term path's tile holds whole
+        // rows, its chunks swizzled; the TF32 path's starts at the thread's half).
+        let chunk = |q: &str| if term.is_some() { x_chunk(q) } else { q.to_string() };
         let x_copy = |o: &mut String, depth: usize, c0: &str, b: &str| {
             for l in [
                 "{".to_string(),
-                if term.is_some() { "    float* const xd = xs + trow * 36ull + half;".to_string() } else { format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;") },
+                if term.is_some() { "    float* const xd = xs + trow * 32ull;".to_string() } else { format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;") },
                 format!("    const unsigned long long ex0 = {c0} + half;"),
                 "    if ((k & 3ull) == 0ull) {".into(),
                 "        for (int q = 0; q < 4; q++) {".into(),
                 "            const unsigned long long e = ex0 + 4ull * q;".into(),
                 "            const unsigned int bytes = tok_ok && e < k ? (k - e < 4ull ? (unsigned int)(k - e) * 4u : 16u) : 0u;".into(),
-                "            ds4_cp16(xd + 4 * q, bytes != 0u ? (const void*)(ds4_x + tok_x + e) : (const void*)ds4_x, bytes);".into(),
+                format!("            ds4_cp16(xd + 4 * {}, bytes != 0u ? (const void*)(ds4_x + tok_x + e) : (const void*)ds4_x, bytes);", chunk("q")),
                 "        }".into(),
                 "    } else {".into(),
-                "        for (unsigned long long i = 0ull; i < 16ull; i++) xd[i] = (tok_ok && ex0 + i < k) ? ds4_x[tok_x + ex0 + i] : 0.0f;".into(),
+                format!(
+                    "        for (unsigned long long i = 0ull; i < 16ull; i++) xd[{}] = (tok_ok && ex0 + i < k) ? ds4_x[tok_x + ex0 + i] : 0.0f;",
+                    if term.is_some() { format!("4 * {} + (i & 3ull)", x_chunk("(i >> 2)")) } else { "i".into() }
+                ),
                 "    }".into(),
                 "}".into(),
             ] {
@@ -408,7 +470,7 @@ impl Lower<'_> {
         let st = &stage;
         let se = st.elems;
         match term {
-            Some(t) => w(&mut o, 1, &format!("unsigned char* const wst = tb + {};", t.scales_at() + 6 * TERM_PAIRS)),
+            Some(t) => w(&mut o, 1, &format!("unsigned char* const wst = tb + {};", t.scales_at() + t.pairs_bytes())),
             None => w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf)),
         }
         // The first stage and x tile, complete before the first step reads them.
@@ -490,9 +552,9 @@ impl Lower<'_> {
         w(o, depth + 1, "} else {");
         w(o, depth + 2, "for (int i = 0; i < 16; i++) tv[i] = 0.0f;");
         w(o, depth + 1, "}");
-        w(o, depth + 1, &format!("uint4* const wd = (uint4*)(tb + buf * {tt}u + trow * {TERM_ROW}ull + hb * 32u);"));
-        w(o, depth + 1, &format!("wd[0] = {};", uint4(0, &pack)));
-        w(o, depth + 1, &format!("wd[1] = {};", uint4(4, &pack)));
+        w(o, depth + 1, &format!("uint4* const wd = (uint4*)(tb + buf * {tt}u + trow * {TERM_ROW}ull);"));
+        w(o, depth + 1, &format!("wd[{}] = {};", swizzle("2u * hb", "trow"), uint4(0, &pack)));
+        w(o, depth + 1, &format!("wd[{}] = {};", swizzle("2u * hb + 1u", "trow"), uint4(4, &pack)));
         w(o, depth + 1, &format!("float* const scw = (float*)(tb + {}u) + buf * 128u + trow * 2ull + hb;", t.scales_at()));
         w(o, depth + 1, "scw[0] = t_sc;");
         if t.offset {
@@ -501,7 +563,7 @@ impl Lower<'_> {
         w(o, depth, "}");
         w(o, depth, "ds4_cp_wait();");
         w(o, depth, "{");
-        w(o, depth + 1, "const float* const xv = xs + trow * 36ull + half;");
+        w(o, depth + 1, "const float* const xv = xs + trow * 32ull;");
         let np = t.planes as usize;
         let names = &["xh", "xm", "xl"][..np];
         w(o, depth + 1, &format!("unsigned int {};", names.iter().map(|n| format!("{n}[8]")).collect::<Vec<_>>().join(", ")));
@@ -510,7 +572,7 @@ impl Lower<'_> {
         }
         w(o, depth + 1, "#pragma unroll");
         w(o, depth + 1, "for (int q = 0; q < 4; q++) {");
-        w(o, depth + 2, "const float4 v = *(const float4*)(xv + 4 * q);");
+        w(o, depth + 2, &format!("const float4 v = *(const float4*)(xv + 4 * {});", x_chunk("q")));
         for (e, (a, b)) in [("v.x", "v.y"), ("v.z", "v.w")].iter().enumerate() {
             let outs: Vec<String> = names.iter().map(|n| format!("{n}[2 * q + {e}]")).collect();
             w(o, depth + 2, &format!("ds4_split_bf16x{np}({a}, {b}, {});", outs.join(", ")));
@@ -520,9 +582,9 @@ impl Lower<'_> {
         }
         w(o, depth + 1, "}");
         for (p, name) in names.iter().enumerate() {
-            let at = format!("(uint4*)(tb + {}u + buf * {}u + trow * {TERM_ROW}ull + hb * 32u)", (2 + p as u64) * tt, t.planes * tt);
+            let at = format!("(uint4*)(tb + {}u + buf * {}u + trow * {TERM_ROW}ull)", (2 + p as u64) * tt, t.planes * tt);
             let f = |i: usize| format!("{name}[{i}]");
-            w(o, depth + 1, &format!("{{ uint4* const xd = {at}; xd[0] = {}; xd[1] = {}; }}", uint4(0, &f), uint4(4, &f)));
+            w(o, depth + 1, &format!("{{ uint4* const xd = {at}; xd[{}] = {}; xd[{}] = {}; }}", swizzle("2u * hb", "trow"), uint4(0, &f), swizzle("2u * hb + 1u", "trow"), uint4(4, &f)));
         }
         if t.offset {
             w(o, depth + 1, &format!("((float*)(tb + {}u))[buf * 128u + trow * 2ull + hb + {to_xsum}u] = xsum;", t.scales_at()));
@@ -533,55 +595,94 @@ impl Lower<'_> {
         for l in [
             "const unsigned int tb_s = (unsigned int)__cvta_generic_to_shared(tb);".to_string(),
             format!("const float* const scr = (const float*)(tb + {}u) + buf * 128u;", t.scales_at()),
-            // Lane l gives row l % 16, columns 8·(l / 16) of A's four 8 x 8 matrices, and
-            // token l % 8 + 8·(l / 16), columns 8·(l / 8 % 2) of B's (two 8-token tiles).
-            format!("const unsigned int a_at = tb_s + buf * {tt}u + (wm * 32u + (lane & 15u)) * {TERM_ROW}u + (lane >> 4) * 16u;"),
-            format!("const unsigned int b_at = tb_s + {}u + buf * {}u + (wn * 32u + (lane & 7u) + (lane >> 4) * 8u) * {TERM_ROW}u + ((lane >> 3) & 1u) * 16u;", 2 * tt, t.planes * tt),
+            // Lane l gives row l % 16, chunk l / 16 (of the 16 columns) of A's four 8 x 8
+            // matrices, and token l % 8 + 8·(l / 16), chunk l / 8 % 2 of B's (two 8-token
+            // tiles); rows 16 apart swizzle alike, so each lane's chunk is fixed up to the
+            // step's half (`sg`, XORed in).
+            format!("const unsigned int a_at = tb_s + buf * {tt}u + (wm * 32u + (lane & 15u)) * {TERM_ROW}u;"),
+            format!("const unsigned int a_c = {};", swizzle("lane >> 4", "lane & 15u")),
+            format!("const unsigned int b_at = tb_s + {}u + buf * {}u + (wn * 32u + (lane & 7u) + (lane >> 4) * 8u) * {TERM_ROW}u;", 2 * tt, t.planes * tt),
+            format!("const unsigned int b_c = {};", swizzle("(lane >> 3) & 1u", "lane & 7u")),
             "const float zero4[4] = {0.0f, 0.0f, 0.0f, 0.0f};".into(),
-            "#pragma unroll".into(),
+        ] {
+            w(o, depth, &l);
+        }
+        // Scaled once per step (the scale holds for both 16 columns: `scale_span`), the
+        // fresh products of both kept (`fr`); else once per 16 columns.
+        let once = t.span32;
+        let (fresh, first) = if once { ("fr[i][j]", "sg == 0 ? zero4 : fr[i][j]") } else { ("f", "zero4") };
+        let scale_into = |o: &mut String, d: usize, f: &str, sc: &str| {
+            w(o, d, "#pragma unroll");
+            w(o, d, "for (int q = 0; q < 4; q++) {");
+            w(o, d + 1, &format!("c[i][j][q] = __fmaf_rn({sc}, {f}[q], c[i][j][q]);"));
+            w(o, d, "}");
+        };
+        // A warp whose 32 token slots are all empty (the tail of an expert's group, padded
+        // to 64 tokens; slots fill from the front) multiplies nothing.
+        w(o, depth, "if (prow[wn * 32u] >= 0) {");
+        if once {
+            w(o, depth, "float fr[2][4][4];");
+        }
+        for l in [
+            "#pragma unroll".to_string(),
             "for (int sg = 0; sg < 2; sg++) {".into(),
             "    unsigned int a[2][4];".into(),
+            "    #pragma unroll".into(),
+            format!("    for (int i = 0; i < 2; i++) ds4_ldsm_x4(a[i], a_at + i * {}u + ((a_c ^ (2u * sg)) << 4));", 16 * TERM_ROW),
+            // This thread's rows' scales and offsets for these 16 columns (registers: the
+            // matrix loads' memory clobbers would make the compiler read them again).
             "    float rs[2][2], ro[2][2];".into(),
             "    #pragma unroll".into(),
-            "    for (int i = 0; i < 2; i++) {".into(),
-            format!("        ds4_ldsm_x4(a[i], a_at + i * {}u + sg * 32u);", 16 * TERM_ROW),
-            "        for (int h = 0; h < 2; h++) {".into(),
-            "            const unsigned int r = wm * 32u + i * 16u + g + 8u * h;".into(),
-            "            rs[i][h] = scr[r * 2u + sg];".into(),
-            format!("            ro[i][h] = {};", if t.offset { format!("scr[{to_of}u + r * 2u + sg]") } else { "0.0f".into() }),
-            "        }".into(),
+            "    for (int r = 0; r < 4; r++) {".into(),
+            "        const unsigned int at = (wm * 32u + (r >> 1) * 16u + g + 8u * (r & 1)) * 2u + sg;".into(),
+            "        rs[r >> 1][r & 1] = scr[at];".into(),
+            format!("        ro[r >> 1][r & 1] = {};", if t.offset { format!("scr[{to_of}u + at]") } else { "0.0f".into() }),
             "    }".into(),
             "    #pragma unroll".into(),
             "    for (int jp = 0; jp < 2; jp++) {".into(),
             format!("        unsigned int b[{np}][4];"),
             "        #pragma unroll".into(),
-            format!("        for (int p = 0; p < {np}; p++) ds4_ldsm_x4(b[p], b_at + p * {tt}u + jp * {}u + sg * 32u);", 16 * TERM_ROW),
+            format!("        for (int p = 0; p < {np}; p++) ds4_ldsm_x4(b[p], b_at + p * {tt}u + jp * {}u + ((b_c ^ (2u * sg)) << 4));", 16 * TERM_ROW),
             "        #pragma unroll".into(),
             "        for (int jj = 0; jj < 2; jj++) {".into(),
             "            const int j = jp * 2 + jj;".into(),
-            "            float xs2[2];".into(),
-            "            for (int e = 0; e < 2; e++) {".into(),
-            format!("                xs2[e] = {};", if t.offset { format!("scr[{to_xsum}u + (wn * 32u + j * 8u + 2u * t4 + e) * 2u + sg]") } else { "0.0f".into() }),
-            "            }".into(),
             "            #pragma unroll".into(),
             "            for (int i = 0; i < 2; i++) {".into(),
-            // The smallest part first: the sum loses the least.
-            "                float f[4];".into(),
-            format!("                ds4_mma_bf16(f, a[i], b[{l}][2 * jj], b[{l}][2 * jj + 1], zero4);", l = np - 1),
-            "                #pragma unroll".into(),
-            format!("                for (int p = {}; p >= 0; p--) ds4_mma_bf16(f, a[i], b[p][2 * jj], b[p][2 * jj + 1], f);", np - 2),
-            "                #pragma unroll".into(),
-            "                for (int q = 0; q < 4; q++) {".into(),
-            "                    c[i][j][q] = __fmaf_rn(rs[i][q >> 1], f[q], c[i][j][q]);".into(),
         ] {
             w(o, depth, &l);
         }
-        if t.offset {
-            w(o, depth, "                    c[i][j][q] = __fmaf_rn(ro[i][q >> 1], xs2[q & 1], c[i][j][q]);");
+        let d = depth + 4;
+        if !once {
+            w(o, d, "float f[4];");
         }
-        for l in ["                }", "            }", "        }", "    }", "}"] {
+        // The smallest part first: the sum loses the least.
+        w(o, d, &format!("ds4_mma_bf16({fresh}, a[i], b[{l}][2 * jj], b[{l}][2 * jj + 1], {first});", l = np - 1));
+        w(o, d, "#pragma unroll");
+        w(o, d, &format!("for (int p = {}; p >= 0; p--) ds4_mma_bf16({fresh}, a[i], b[p][2 * jj], b[p][2 * jj + 1], {fresh});", np - 2));
+        if !once {
+            scale_into(o, d, "f", "rs[i][q >> 1]");
+        }
+        if t.offset {
+            // offset · Σ x over the 16 columns, for tokens 2·t4 and 2·t4 + 1.
+            w(o, d, "#pragma unroll");
+            w(o, d, "for (int q = 0; q < 4; q++) {");
+            w(o, d + 1, &format!("const float xsum = scr[{to_xsum}u + (wn * 32u + j * 8u + 2u * t4 + (q & 1)) * 2u + sg];"));
+            w(o, d + 1, "c[i][j][q] = __fmaf_rn(ro[i][q >> 1], xsum, c[i][j][q]);");
+            w(o, d, "}");
+        }
+        for l in ["            }", "        }", "    }", "}"] {
             w(o, depth, l);
         }
+        if once {
+            w(o, depth, "#pragma unroll");
+            w(o, depth, "for (int i = 0; i < 2; i++) {");
+            w(o, depth + 1, "#pragma unroll");
+            w(o, depth + 1, "for (int j = 0; j < 4; j++) {");
+            scale_into(o, depth + 2, "fr[i][j]", "scr[(wm * 32u + i * 16u + g + 8u * (q >> 1)) * 2u]");
+            w(o, depth + 1, "}");
+            w(o, depth, "}");
+        }
+        w(o, depth, "}");
         Ok(())
     }
 }
@@ -596,13 +697,13 @@ mod tests {
         use ds4_ir::GgmlType::*;
         let syn = crate::quant::syntax(crate::Target::CudaSm90).unwrap();
         for (t, path, span) in [
-            (Q8_0, Some(TermMma { offset: false, planes: 3 }), 32),
-            (Q2K, Some(TermMma { offset: true, planes: 3 }), 16),
-            (Q4K, Some(TermMma { offset: true, planes: 3 }), 32),
-            (Q6K, Some(TermMma { offset: false, planes: 3 }), 16),
+            (Q8_0, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
+            (Q2K, Some(TermMma { offset: true, planes: TERM_PLANES, span32: false }), 16),
+            (Q4K, Some(TermMma { offset: true, planes: TERM_PLANES, span32: true }), 32),
+            (Q6K, Some(TermMma { offset: false, planes: TERM_PLANES, span32: false }), 16),
             // Its scale reads `s / 4`: four sub-blocks of 8.
-            (Iq2Xxs, Some(TermMma { offset: false, planes: 3 }), 32),
-            (Mxfp4, Some(TermMma { offset: false, planes: 3 }), 32),
+            (Iq2Xxs, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
+            (Mxfp4, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
             // One element per block: nothing factored, the value itself is not exact in bf16.
             (F16, None, 0),
             (F32, None, 0),
