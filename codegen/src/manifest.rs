@@ -3,7 +3,8 @@
 //!
 //! The set is decided from the graph alone: every op kernel of `ds4_ir::kernels::all()`
 //! that some node runs, the CUDA-only kernels written as CUDA text that some node runs
-//! there (`attention_tiled`, see `cuda_attention.rs`), and, per weight type that a matmul,
+//! there (`attention_tiled`, see `cuda_attention.rs`; `split_x_bf16x3`, see
+//! `quant/cuda_split.rs`), and, per weight type that a matmul,
 //! the experts or the embedding reads, the quant kernels of that type. Small weight
 //! vectors (norm weights, biases, sinks) are de-quantized once at load and need no kernel.
 //! Output is deterministic: kernels in `kernels::all()` order, then the CUDA-only ones,
@@ -66,6 +67,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
     match op {
         // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims).
         Op::Attention { .. } => &[cuda_attention::NAME],
+        // x's bf16 parts for the tensor-core matmuls' element-term path.
+        Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],
     }
 }
@@ -118,6 +121,7 @@ impl KernelSet {
             set.ops.insert(k.name.clone(), BTreeSet::new());
         }
         set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
+        set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
                 set.quant.insert((kind, t), BTreeSet::new());
@@ -163,6 +167,19 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         let file = format!("{}.{ext}", cuda_attention::NAME);
         files.push(SourceFile { file: file.clone(), source });
         entries.push(tiled_attention_entry(ops, &file));
+    }
+    if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
+        use quant::cuda_split;
+        let file = format!("{}.{ext}", cuda_split::NAME);
+        files.push(SourceFile { file: file.clone(), source: cuda_split::source() });
+        entries.push(format!(
+            "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"params\": {}, \"launch\": {{\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]}}, \"shared_mem_bytes\": 0}}",
+            cuda_split::NAME,
+            json_list(ops.iter().copied()),
+            qparams_json(&cuda_split::params()),
+            16 * cuda_split::THREADS,
+            cuda_split::THREADS
+        ));
     }
     for ((kind, t), ops) in &set.quant {
         if !kind.available(target) {
@@ -269,9 +286,9 @@ fn tiled_attention_entry(ops: &BTreeSet<&'static str>, file: &str) -> String {
     )
 }
 
-fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
-    let params: Vec<String> = k
-        .params
+/// Quant-style parameters as a JSON list of "name: type" strings.
+fn qparams_json(params: &[QParam]) -> String {
+    let params: Vec<String> = params
         .iter()
         .map(|p| match p {
             QParam::Buffer { name, elem, mutable } => {
@@ -285,6 +302,10 @@ fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str,
             QParam::Scalar { name } => format!("{name}: usize"),
         })
         .collect();
+    json_list(params.iter().map(|s| s.as_str()))
+}
+
+fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str, target: Target) -> String {
     let block = match target {
         Target::Wgsl => "workgroup_size",
         Target::Metal => "threads_per_threadgroup",
@@ -295,7 +316,7 @@ fn quant_entry(k: &quant::QuantKernel, ops: &BTreeSet<&'static str>, file: &str,
         k.name,
         json_list(ops.iter().copied()),
         k.ggml,
-        json_list(params.iter().map(|s| s.as_str())),
+        qparams_json(&k.params),
         k.kind.grid(),
         k.threads,
         k.shared_bytes

@@ -26,6 +26,7 @@
 mod cuda;
 mod cuda_matvec;
 mod cuda_mma;
+pub mod cuda_split;
 mod metal;
 mod runs;
 
@@ -156,9 +157,13 @@ impl QuantKernelKind {
             ],
             // The matmul's, and a split over k: columns per slice (blockIdx.z) and the
             // distance between the slices' outputs (`quant/cuda_mma.rs`).
+            // Then, read by the element-term path only (`quant/cuda_mma.rs`): x's bf16 parts
+            // and sums per 16 columns (`quant/cuda_split.rs`), and the floats of x (the
+            // distance between two parts). Last, so that the matmul's arguments keep their
+            // places.
             QuantKernelKind::MatMulMma => {
                 let mut p = QuantKernelKind::MatMul.params();
-                p.extend([s("k_slice"), s("out_slice")]);
+                p.extend([s("k_slice"), s("out_slice"), b("xp", Bytes, false), b("xs16", F32, false), s("xp_stride")]);
                 p
             }
         }
@@ -351,6 +356,13 @@ pub fn syntax(target: Target) -> Option<Box<dyn QuantSyntax>> {
         Target::Wgsl => Some(Box::new(wgsl::WgslQuant)),
         Target::Metal => Some(Box::new(metal::MetalQuant)),
     }
+}
+
+/// Whether `matmul_mma_<t>` (CUDA) takes the element-term path, which reads x's bf16 parts
+/// made by `split_x_bf16x3` (`quant/cuda_split.rs`) instead of x.
+pub fn mma_reads_x_parts(t: GgmlType) -> bool {
+    let (Some(spec), Some(syn)) = (ds4_ir::quant::spec(t), syntax(Target::CudaSm90)) else { return false };
+    Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None }.term_mma().is_some()
 }
 
 /// Lowers `spec` into kernel `kind` for `target`.

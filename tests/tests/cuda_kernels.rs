@@ -8,7 +8,8 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_ir::GgmlType;
+use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -207,6 +208,21 @@ fn attention_args(r: &mut Rng, s: &AttnShape) -> (usize, Vec<A>) {
 fn everything(dev: &Arc<Device>) -> &'static Kernels {
     static KS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     KS.get_or_init(|| Kernels::compile(dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC"))
+}
+
+/// The tensor-core matmul's trailing arguments for type `t` and x at `x` (`len` floats
+/// read): x's bf16 parts made by the split kernel, as the runtime makes them (returned
+/// too: they must live until the matmul has run), or placeholders for a type on the TF32
+/// path.
+fn x_parts_args(dev: &Arc<Device>, ks: &Kernels, t: GgmlType, x: u64, len: usize, dummy: u64) -> (Vec<Arg>, Option<x_parts::XParts>) {
+    if !x_parts::needed(t) {
+        return (x_parts::mma_args(None, dummy).map(|(_, a)| a).to_vec(), None);
+    }
+    let parts = x_parts::XParts::alloc(dev, len).unwrap();
+    let split = ks.get(x_parts::SPLIT_KERNEL).unwrap();
+    let (grid, named) = parts.split_args(x);
+    launch(dev, &split.func, grid, (split.threads, 1, 1), 0, &named.map(|(_, a)| a)).unwrap();
+    (x_parts::mma_args(Some(&parts), dummy).map(|(_, a)| a).to_vec(), Some(parts))
 }
 
 fn device() -> Option<Arc<Device>> {
@@ -526,6 +542,11 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             if mma {
                 args.extend([u(k_slice), u(m2 * rows)]);
             }
+            // Kept until the results are read (the matmul reads them on the stream).
+            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, t, x2b.ptr, x_parts::x_len(m2, k, groups, 1), idb.ptr) } else { (Vec::new(), None) };
+            if mma {
+                args.extend(parts_args);
+            }
             launch(&dev, &mm.func, (blocks_x as u32, m2.div_ceil(tile) as u32, slices as u32), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();
             let parts: Vec<f32> = mm_out.read(slices * m2 * rows).unwrap();
             let got2: Vec<f32> = (0..m2 * rows).map(|i| (1..slices).fold(parts[i], |acc, z| acc + parts[z * m2 * rows + i])).collect();
@@ -549,6 +570,10 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             let mut args = vec![Arg::Ptr(ml_out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(x2b.ptr), Arg::Ptr(idxb.ptr), Arg::Ptr(gexpb.ptr), u(per), u(k), u(rb), u(m2), u(1), u(per), u(1), u(1)];
             if mma {
                 args.extend([u(k), u(0)]);
+            }
+            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, t, x2b.ptr, x_parts::x_len(m2, k, 1, 1), idb.ptr) } else { (Vec::new(), None) };
+            if mma {
+                args.extend(parts_args);
             }
             let bx = if mma { per.div_ceil(ds4_runtime::cuda::MMA_ROWS) } else { per };
             launch(&dev, &mm.func, (bx as u32, gexp.len() as u32, 1), (mm.threads, 1, 1), mm.dyn_shared, &args).unwrap();

@@ -21,15 +21,17 @@
 //! exact in bf16 (small integers, IQ2_XXS's ±8/25/43: `Lower::terms_exact_in_bf16`, by
 //! interpreting the declaration over value sets) and the scale and offset hold for 16
 //! columns (`Lower::scale_span`), the weights need no split: each thread de-quantizes its
-//! 16 terms once (`Lower::term_runs`) into a bf16 tile with their scale (and offset), splits
-//! its 16 x values into [`TERM_PLANES`] bf16 parts, and the warps multiply with
-//! `mma.sync.m16n8k16` on bf16 (operands by `ldmatrix`), a fresh product per part summed
-//! smallest first, then scaled into the f32 accumulators once per 16 or 32 columns; an
-//! offset adds `offset · Σx` (x's sums per 16 columns, made with the split). Per 16
-//! columns that is 2 MMAs of k = 16 where TF32 takes 6 of k = 8, and no operand split in
-//! the multiply loop: Q8_0 at 2048 tokens 3.0 → 2.0 ms, IQ2_XXS experts 6.1 → 4.3 ms on
-//! the H200, the error 2e-7..1.7e-6 of Σ|w·x| (`TERM_PLANES`). Other types (F32, F16,
-//! BF16) take the TF32 path.
+//! 16 terms once (`Lower::term_runs`) into a bf16 tile with their scale (and offset); x
+//! comes split into [`TERM_PLANES`] bf16 parts, made once per matmul by `split_x_bf16x3`
+//! (`quant/cuda_split.rs`; the runtime runs it first, `runtime/src/cuda/x_parts.rs`) and
+//! copied into the tiles like the weights; the warps multiply with `mma.sync.m16n8k16` on
+//! bf16 (operands by `ldmatrix`), a fresh product per part summed smallest first, then
+//! scaled into the f32 accumulators once per 16 or 32 columns; an offset adds
+//! `offset · Σx` (x's sums per 16 columns, made with the parts). Per 16 columns that is 3
+//! MMAs of k = 16 where TF32 takes 6 of k = 8, and no operand split in the kernel: on the
+//! H200 at 2048 tokens Q8_0 3.0 → 2.2 ms and IQ2_XXS experts 6.1 → 4.7 ms with the split
+//! inside the kernel (see bench/RESULTS.md for the split outside), the error ≤ 1.4e-7 of
+//! Σ|w·x|. Other types (F32, F16, BF16) take the TF32 path.
 //!
 //! The kernel is latency-bound (Nsight Compute on the H200: 19-25% occupancy, register-
 //! limited, ~6 cycles between a warp's instructions), so the steps are pipelined and every
@@ -114,33 +116,12 @@ __device__ __forceinline__ void ds4_cp_wait() {
 
 "#;
 
-/// Helpers of the element-term path (`TermMma`): bf16 packing, the three-way split of x,
-/// a matrix load and one bf16 MMA.
-const TERM_HELPERS: &str = r#"// Two f32 as a bf16 pair rounded to nearest: lo in the low half, hi in the high half.
-__device__ __forceinline__ unsigned int ds4_bf16x2(const float lo, const float hi) {
-    unsigned int d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
-// (x0, x1) = h + m + l, three bf16 pairs, each the rounding of what the previous left
-// (the rests are exact in f32): x is kept to about 2^-24 of itself.
-__device__ __forceinline__ void ds4_split_bf16x3(float x0, float x1, unsigned int& h, unsigned int& m, unsigned int& l) {
-    h = ds4_bf16x2(x0, x1);
-    x0 = x0 - __uint_as_float(h << 16);
-    x1 = x1 - __uint_as_float(h & 0xffff0000u);
-    m = ds4_bf16x2(x0, x1);
-    x0 = x0 - __uint_as_float(m << 16);
-    x1 = x1 - __uint_as_float(m & 0xffff0000u);
-    l = ds4_bf16x2(x0, x1);
-}
-
-// (x0, x1) = h + m, two bf16 pairs: x is kept to about 2^-17 of itself.
-__device__ __forceinline__ void ds4_split_bf16x2(float x0, float x1, unsigned int& h, unsigned int& m) {
-    h = ds4_bf16x2(x0, x1);
-    x0 = x0 - __uint_as_float(h << 16);
-    x1 = x1 - __uint_as_float(h & 0xffff0000u);
-    m = ds4_bf16x2(x0, x1);
+/// Helpers of the element-term path (`TermMma`): a 4-byte async copy, a matrix load and
+/// one bf16 MMA.
+const TERM_HELPERS: &str = r#"// 4 bytes global -> shared (the first `bytes`, else zeros); complete after ds4_cp_wait().
+__device__ __forceinline__ void ds4_cp4(void* dst, const void* src, const unsigned int bytes) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(d), "l"(src), "r"(bytes) : "memory");
 }
 
 // Four 8 x 8 bf16 matrices from shared memory (lanes 8i..8i+7 give matrix i's rows).
@@ -183,13 +164,14 @@ impl TermMma {
     }
 }
 
-/// bf16 parts x is split into on the element-term path: three keep x to 2^-24 of itself
-/// (measured on the H200: ≤ 5e-8 of Σ|w·x|, as the SIMT kernel). Two keep it to 2^-17
-/// (≤ 1.7e-6 of Σ|w·x|, inside the kernels' own 1e-5 bound) and were 10-15% faster, but
-/// the tiny models then failed their CPU-vs-CUDA and reference parity bounds (tiny-q4
-/// logits 1.2e-4·std apart, tiny-q2's p99 2.4e-2·std at 150 tokens): the indexer's FP4
-/// act-sim rounds differences that small into different codes.
-const TERM_PLANES: u64 = 3;
+/// bf16 parts x is split into on the element-term path (by `split_x_bf16x3`,
+/// `quant/cuda_split.rs`): three keep x to 2^-24 of itself (measured on the H200: ≤ 1.4e-7
+/// of Σ|w·x|, near the SIMT kernel's 5e-8). Two keep it to 2^-17 (≤ 1.7e-6, inside the
+/// kernels' own 1e-5 bound) and were 10-15% faster, but the tiny models then failed their
+/// CPU-vs-CUDA and reference parity bounds (tiny-q4 logits 1.2e-4·std apart, tiny-q2's p99
+/// 2.4e-2·std at 150 tokens): the indexer's FP4 act-sim rounds differences that small
+/// into different codes.
+const TERM_PLANES: u64 = super::cuda_split::PARTS;
 
 /// Bytes of one row of a bf16 tile: 32 values, in four 16-byte chunks stored swizzled
 /// (chunk c of row r at c ^ (r / 2 % 4): `swizzle`), so that the eight rows an `ldmatrix`
@@ -202,16 +184,6 @@ fn swizzle(c: &str, r: &str) -> String {
     format!("(({c}) ^ ((({r}) >> 1) & 3u))")
 }
 
-/// The swizzled 16-byte chunk of chunk `q` (0..4, an expression) of this thread's half
-/// row of the term path's x tile: eight threads' 16-byte accesses (four tokens, both
-/// halves) fall in distinct banks.
-fn x_chunk(q: &str) -> String {
-    format!("((hb * 4u + ({q})) ^ ((unsigned int)trow & 3u))")
-}
-
-/// Bytes of the term path's x tile: 64 tokens × 32 floats, one buffer (a thread reads only
-/// what it copied), 16-byte chunks swizzled by `c ^ (token % 4)` within each half row.
-const TERM_X_BYTES: u64 = 64 * 32 * 4;
 /// Bytes of one bf16 tile (64 rows).
 const TERM_TILE: u64 = 64 * TERM_ROW;
 /// Bytes of a per-row (or per-token) pair of floats for 64 rows: one per 16 columns.
@@ -274,10 +246,9 @@ impl Lower<'_> {
     /// Bytes of the tiles (dynamic shared memory before the staged rows).
     fn tile_bytes(&self) -> u64 {
         match self.term_mma() {
-            // x as f32 (one buffer: a thread reads only what it copied), then, two buffers
-            // each: the term tile, x's three bf16 planes, the scales, the offsets and x's
-            // sums per 16 columns.
-            Some(t) => TERM_X_BYTES + t.scales_at() + t.pairs_bytes(),
+            // Two buffers each: the term tile, x's bf16 parts, the scales, and with an
+            // offset the offsets and x's sums per 16 columns.
+            Some(t) => t.scales_at() + t.pairs_bytes(),
             None => TILE_BYTES,
         }
     }
@@ -309,7 +280,7 @@ impl Lower<'_> {
             "extern __shared__ __align__(16) unsigned char ds4_smem[];".to_string(),
             match term {
                 // One x buffer, then the term path's tiles (`tile_bytes`).
-                Some(_) => format!("float* const xs = (float*)ds4_smem;\n    unsigned char* const tb = ds4_smem + {TERM_X_BYTES};"),
+                Some(_) => "unsigned char* const tb = ds4_smem;".to_string(),
                 None => format!("float* const ws = (float*)ds4_smem;\n    float* const xs = ws + {};", 2 * tf),
             },
             "__shared__ unsigned long long xrow[64];".into(),
@@ -357,25 +328,42 @@ impl Lower<'_> {
         }
         // The x tile of the step at column `c0` into buffer `b`: 16-byte copies (zeros past
         // k and for empty token slots), or plain loads where rows are not 16-byte aligned.
-        // The 16-byte chunk of this thread's 16 x values (the term path's tile holds whole
-        // rows, its chunks swizzled; the TF32 path's starts at the thread's half).
-        let chunk = |q: &str| if term.is_some() { x_chunk(q) } else { q.to_string() };
         let x_copy = |o: &mut String, depth: usize, c0: &str, b: &str| {
+            if let Some(t) = term {
+                // The term path: this thread's 16 columns of its token in each of x's bf16
+                // parts (two 16-byte chunks a part, stored swizzled as the tiles' rows), and
+                // with an offset their sum (zeros for an empty token slot).
+                w(o, depth, "{");
+                w(o, depth + 1, &format!("const unsigned long long e = tok_x + {c0} + half;"));
+                w(o, depth + 1, "const unsigned int bytes = tok_ok ? 16u : 0u;");
+                w(o, depth + 1, &format!("unsigned char* const xd = tb + {} + ({b}) * {}u + trow * {TERM_ROW}ull;", 2 * TERM_TILE, t.planes * TERM_TILE));
+                w(o, depth + 1, "#pragma unroll");
+                w(o, depth + 1, &format!("for (int p = 0; p < {}; p++) {{", t.planes));
+                w(o, depth + 2, "const unsigned char* const src = ds4_xp + (p * xp_stride + e) * 2ull;");
+                for c in 0..2 {
+                    let at = swizzle(&format!("2u * hb + {c}u"), "trow");
+                    w(o, depth + 2, &format!("ds4_cp16(xd + p * {TERM_TILE}u + ({at} << 4), bytes != 0u ? (const void*)(src + {}) : (const void*)ds4_xp, bytes);", 16 * c));
+                }
+                w(o, depth + 1, "}");
+                if t.offset {
+                    let to_xsum = TERM_PAIRS / 4 * 4;
+                    w(o, depth + 1, &format!("ds4_cp4((float*)(tb + {}u) + ({b}) * 128u + trow * 2ull + hb + {to_xsum}u, bytes != 0u ? (const void*)(ds4_xs16 + e / 16ull) : (const void*)ds4_xs16, bytes / 4u);", t.scales_at()));
+                }
+                w(o, depth, "}");
+                return;
+            }
             for l in [
                 "{".to_string(),
-                if term.is_some() { "    float* const xd = xs + trow * 32ull;".to_string() } else { format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;") },
+                format!("    float* const xd = xs + ({b}) * {tf}u + trow * 36ull + half;"),
                 format!("    const unsigned long long ex0 = {c0} + half;"),
                 "    if ((k & 3ull) == 0ull) {".into(),
                 "        for (int q = 0; q < 4; q++) {".into(),
                 "            const unsigned long long e = ex0 + 4ull * q;".into(),
                 "            const unsigned int bytes = tok_ok && e < k ? (k - e < 4ull ? (unsigned int)(k - e) * 4u : 16u) : 0u;".into(),
-                format!("            ds4_cp16(xd + 4 * {}, bytes != 0u ? (const void*)(ds4_x + tok_x + e) : (const void*)ds4_x, bytes);", chunk("q")),
+                "            ds4_cp16(xd + 4 * q, bytes != 0u ? (const void*)(ds4_x + tok_x + e) : (const void*)ds4_x, bytes);".into(),
                 "        }".into(),
                 "    } else {".into(),
-                format!(
-                    "        for (unsigned long long i = 0ull; i < 16ull; i++) xd[{}] = (tok_ok && ex0 + i < k) ? ds4_x[tok_x + ex0 + i] : 0.0f;",
-                    if term.is_some() { format!("4 * {} + (i & 3ull)", x_chunk("(i >> 2)")) } else { "i".into() }
-                ),
+                "        for (unsigned long long i = 0ull; i < 16ull; i++) xd[i] = (tok_ok && ex0 + i < k) ? ds4_x[tok_x + ex0 + i] : 0.0f;".into(),
                 "    }".into(),
                 "}".into(),
             ] {
@@ -524,9 +512,9 @@ impl Lower<'_> {
 impl Lower<'_> {
     /// One 32-column step of the element-term path into buffer `buf` (see the module
     /// comment): the thread's 16 terms as bf16 and their scale (and offset) into the tiles,
-    /// its 16 x values (copied by itself: no barrier needed to read them) as three bf16
-    /// planes (and their sum), one barrier, the next copies (`next`), then per 16 columns a
-    /// fresh `term · (h + m + l)` on the tensor cores, scaled into the accumulators.
+    /// the wait for this step's copies (x's parts, a stage of raw rows), one barrier, the
+    /// next copies (`next`), then per 16 columns a fresh `term · (l + m + h)` on the tensor
+    /// cores, scaled into the accumulators.
     fn term_step(&self, o: &mut String, depth: usize, lower: &Lower, t: TermMma, next: &dyn Fn(&mut String, usize)) -> Result<(), QuantGenError> {
         let w = |o: &mut String, d: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(d));
@@ -562,36 +550,9 @@ impl Lower<'_> {
         }
         w(o, depth, "}");
         w(o, depth, "ds4_cp_wait();");
-        w(o, depth, "{");
-        w(o, depth + 1, "const float* const xv = xs + trow * 32ull;");
-        let np = t.planes as usize;
-        let names = &["xh", "xm", "xl"][..np];
-        w(o, depth + 1, &format!("unsigned int {};", names.iter().map(|n| format!("{n}[8]")).collect::<Vec<_>>().join(", ")));
-        if t.offset {
-            w(o, depth + 1, "float xsum = 0.0f;");
-        }
-        w(o, depth + 1, "#pragma unroll");
-        w(o, depth + 1, "for (int q = 0; q < 4; q++) {");
-        w(o, depth + 2, &format!("const float4 v = *(const float4*)(xv + 4 * {});", x_chunk("q")));
-        for (e, (a, b)) in [("v.x", "v.y"), ("v.z", "v.w")].iter().enumerate() {
-            let outs: Vec<String> = names.iter().map(|n| format!("{n}[2 * q + {e}]")).collect();
-            w(o, depth + 2, &format!("ds4_split_bf16x{np}({a}, {b}, {});", outs.join(", ")));
-        }
-        if t.offset {
-            w(o, depth + 2, "xsum = xsum + v.x + v.y + v.z + v.w;");
-        }
-        w(o, depth + 1, "}");
-        for (p, name) in names.iter().enumerate() {
-            let at = format!("(uint4*)(tb + {}u + buf * {}u + trow * {TERM_ROW}ull)", (2 + p as u64) * tt, t.planes * tt);
-            let f = |i: usize| format!("{name}[{i}]");
-            w(o, depth + 1, &format!("{{ uint4* const xd = {at}; xd[{}] = {}; xd[{}] = {}; }}", swizzle("2u * hb", "trow"), uint4(0, &f), swizzle("2u * hb + 1u", "trow"), uint4(4, &f)));
-        }
-        if t.offset {
-            w(o, depth + 1, &format!("((float*)(tb + {}u))[buf * 128u + trow * 2ull + hb + {to_xsum}u] = xsum;", t.scales_at()));
-        }
-        w(o, depth, "}");
         w(o, depth, "__syncthreads();");
         next(o, depth);
+        let np = t.planes as usize;
         for l in [
             "const unsigned int tb_s = (unsigned int)__cvta_generic_to_shared(tb);".to_string(),
             format!("const float* const scr = (const float*)(tb + {}u) + buf * 128u;", t.scales_at()),
@@ -617,9 +578,6 @@ impl Lower<'_> {
             w(o, d + 1, &format!("c[i][j][q] = __fmaf_rn({sc}, {f}[q], c[i][j][q]);"));
             w(o, d, "}");
         };
-        // A warp whose 32 token slots are all empty (the tail of an expert's group, padded
-        // to 64 tokens; slots fill from the front) multiplies nothing.
-        w(o, depth, "if (prow[wn * 32u] >= 0) {");
         if once {
             w(o, depth, "float fr[2][4][4];");
         }
@@ -682,7 +640,6 @@ impl Lower<'_> {
             w(o, depth + 1, "}");
             w(o, depth, "}");
         }
-        w(o, depth, "}");
         Ok(())
     }
 }

@@ -132,6 +132,10 @@ impl Kernels {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
             units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: 0 });
         }
+        if set.cuda.contains_key(quant::cuda_split::NAME) {
+            use quant::cuda_split;
+            units.push(Unit { name: cuda_split::NAME.into(), source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0 });
+        }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {
                 continue;

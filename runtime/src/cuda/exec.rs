@@ -9,6 +9,7 @@ use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
 use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
 use super::device_log::DeviceLog;
+use super::x_parts::{self, XParts};
 use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
@@ -183,6 +184,16 @@ impl GpuExecutor<'_> {
             _ => (k, 1),
         };
         let scratch = if slices > 1 { Some(self.dev.alloc(slices * m * n * 4)?) } else { None };
+        // The element-term path reads x's bf16 parts: split once here (`x_parts.rs`).
+        let parts = if kind == QuantKernelKind::MatMulMma && x_parts::needed(w.ty) {
+            let p = XParts::alloc(self.dev, x_parts::x_len(m, k, groups, x_div))?;
+            let (grid, named) = p.split_args(x);
+            self.call_loaded(self.kernels.get(x_parts::SPLIT_KERNEL)?, x_parts::SPLIT_KERNEL, grid, 0, &named)?;
+            Some(p)
+        } else {
+            None
+        };
+        let [xp, xs16, xp_stride] = x_parts::mma_args(parts.as_ref(), self.dummy.ptr);
         let named = [
             ("out", Arg::Ptr(scratch.as_ref().map_or(out.ptr, |s| s.ptr))),
             ("w", Arg::Ptr(w.ptr)),
@@ -199,6 +210,9 @@ impl GpuExecutor<'_> {
             ("has_idx", u(listed.is_some() as usize)),
             ("k_slice", u(k_slice)),
             ("out_slice", u(m * n)),
+            xp,
+            xs16,
+            xp_stride,
         ];
         let name = kernel_name(kind, w.ty);
         let kl = self.kernels.get(&name)?;

@@ -8,6 +8,7 @@
 use super::compile::Kernels;
 use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
 use super::exec::{expert_groups, matvec_row_blocks};
+use super::x_parts::{self, XParts};
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{kernel_name, QuantKernelKind, MMA_ROWS, MMA_TOKENS, TOKENS};
 use ds4_ir::GgmlType;
@@ -99,7 +100,9 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
             set.quant.entry((kind, c.ty)).or_default();
         }
     }
+    set.cuda.insert(x_parts::SPLIT_KERNEL, Default::default());
     let kernels = Kernels::compile(&dev, &set)?;
+    let split = kernels.get(x_parts::SPLIT_KERNEL)?;
     let dummy = dev.alloc_owned(256)?;
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     let mut rows = Vec::new();
@@ -144,6 +147,10 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
         let blocks_x = if kind == QuantKernelKind::MatMulMma { c.n.div_ceil(MMA_ROWS as usize) } else { c.n } as u32;
         let k = kernels.get(&name)?;
         let rbl = |m: usize| matvec_row_blocks(c.ty, c.n, m, dev.sms);
+        // The floats of x a prefill matmul reads: the down projection's rows are the
+        // (token, pick) rows, gate/up's the tokens.
+        let x_floats = if c.experts.is_some() && c.what.contains("down") { c.m * picks * c.k } else { c.m * c.k };
+        let parts = if kind == QuantKernelKind::MatMulMma && x_parts::needed(c.ty) { Some(XParts::alloc(&dev, x_floats)?) } else { None };
         let call = |i: usize| -> Result<(), CudaError> {
             let wp = w.ptr + ((i % copies) * matrix) as u64;
             let (args, grid) = match (kind, c.experts) {
@@ -176,8 +183,14 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
             };
             let mut args = args;
             if kind == QuantKernelKind::MatMulMma {
-                // One slice over k (no split): k_slice, out_slice.
+                // One slice over k (no split): k_slice, out_slice; x's bf16 parts, made per
+                // call as the runtime makes them (`x_parts.rs`).
                 args.extend([u(c.k), u(0)]);
+                if let Some(p) = &parts {
+                    let (grid, named) = p.split_args(xb.ptr);
+                    launch(&dev, &split.func, grid, (split.threads, 1, 1), 0, &named.map(|(_, a)| a))?;
+                }
+                args.extend(x_parts::mma_args(parts.as_ref(), dummy.ptr).map(|(_, a)| a));
             }
             launch(&dev, &k.func, (grid.0, grid.1, 1), (k.threads, 1, 1), k.dyn_shared, &args)
         };

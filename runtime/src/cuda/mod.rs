@@ -14,7 +14,8 @@
 //! - `expert_ids.rs`: the load-time check that lets a decode step skip reading expert ids;
 //! - `profile.rs`: `DS4_PROFILE=1`, device time per op kind;
 //! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
-//! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI.
+//! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI;
+//! - `x_parts.rs`: x's bf16 parts for the tensor-core matmuls' element-term path.
 //!
 //! See docs/cuda-backend.md for why this is our own CUDA printer and not cubecl.
 
@@ -29,6 +30,7 @@ pub mod kernel_bench;
 mod placement;
 pub mod profile;
 mod session;
+pub mod x_parts;
 
 pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels, Loaded};

@@ -1,0 +1,56 @@
+//! x's bf16 parts for a tensor-core matmul's element-term path: `split_x_bf16x3`
+//! (`codegen/src/quant/cuda_split.rs`) runs once per matmul over the floats of x it reads,
+//! and `matmul_mma_<type>` copies the parts into its tiles (`quant/cuda_mma.rs`). Types
+//! on the TF32 path read x itself and need none (their three trailing arguments are
+//! placeholders).
+
+use super::device::{Arg, CudaError, Device, DeviceBuf};
+use ds4_codegen::quant::cuda_split;
+use ds4_ir::GgmlType;
+use std::sync::Arc;
+
+/// The split kernel's name.
+pub use cuda_split::NAME as SPLIT_KERNEL;
+
+/// Whether `matmul_mma_<ty>` reads x's parts.
+pub fn needed(ty: GgmlType) -> bool {
+    ds4_codegen::quant::mma_reads_x_parts(ty)
+}
+
+/// Floats of x a matmul reads: its row offsets are `((p / x_div)·groups + r / ng)·k`
+/// for rows p < m, so ceil(m / x_div)·groups rows of k.
+pub fn x_len(m: usize, k: usize, groups: usize, x_div: usize) -> usize {
+    m.div_ceil(x_div.max(1)) * groups * k
+}
+
+/// The parts of `len` floats of x (`len` a multiple of 16).
+pub struct XParts {
+    pub planes: DeviceBuf,
+    pub sums: DeviceBuf,
+    pub len: usize,
+}
+
+impl XParts {
+    /// Buffers for the parts of `len` floats (from the device's pool).
+    pub fn alloc(dev: &Arc<Device>, len: usize) -> Result<XParts, CudaError> {
+        if len % 16 != 0 {
+            return Err(CudaError(format!("x's bf16 parts: {len} floats is not a multiple of 16")));
+        }
+        Ok(XParts { planes: dev.alloc(len * 2 * cuda_split::PARTS as usize)?, sums: dev.alloc(len / 16 * 4)?, len })
+    }
+
+    /// The split's grid and its arguments (by name, in launch order) for x at `x`.
+    pub fn split_args(&self, x: u64) -> ((u32, u32, u32), [(&'static str, Arg); 4]) {
+        let grid = (cuda_split::blocks(self.len) as u32, 1, 1);
+        (grid, [("planes", Arg::Ptr(self.planes.ptr)), ("sums", Arg::Ptr(self.sums.ptr)), ("x", Arg::Ptr(x)), ("n", Arg::U64(self.len as u64))])
+    }
+}
+
+/// The matmul's trailing arguments (by name, in launch order): the parts, or placeholders
+/// (`dummy`) for a type that reads x itself.
+pub fn mma_args(parts: Option<&XParts>, dummy: u64) -> [(&'static str, Arg); 3] {
+    match parts {
+        Some(p) => [("xp", Arg::Ptr(p.planes.ptr)), ("xs16", Arg::Ptr(p.sums.ptr)), ("xp_stride", Arg::U64(p.len as u64))],
+        None => [("xp", Arg::Ptr(dummy)), ("xs16", Arg::Ptr(dummy)), ("xp_stride", Arg::U64(0))],
+    }
+}
