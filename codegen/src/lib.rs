@@ -82,18 +82,22 @@ impl fmt::Display for UnknownTarget {
 
 impl std::error::Error for UnknownTarget {}
 
-/// The source text of `kernel` for `target`.
 /// Threads per block (workgroup) a kernel is launched with on `target`: a block per item,
-/// of [`render::PAR_THREADS`] where its `'par`/`'sum` loops run in parallel, else one.
+/// of [`render::PAR_THREADS`] where its `'par`/`'sum` loops run in parallel (fewer when
+/// every such loop has a known, smaller trip count: [`render::par_trips`]), else one.
 pub fn block_threads(kernel: &Kernel, target: Target) -> u32 {
     let parallel = match target {
         Target::CudaSm90 | Target::CudaSm120 => render::runs_parallel(&cuda::Cuda { sm: 90 }, kernel),
         _ => false,
     };
-    if parallel {
-        render::PAR_THREADS
-    } else {
-        1
+    if !parallel {
+        return 1;
+    }
+    match render::par_trips(kernel) {
+        // Whole warps; threads past every loop's end would only wait at its barriers
+        // (hadamard_fp4's 128 values at 512 threads: a quarter of the block worked).
+        Some(most) => (most.div_ceil(32).max(1) * 32).min(render::PAR_THREADS as u64) as u32,
+        None => render::PAR_THREADS,
     }
 }
 

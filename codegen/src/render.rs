@@ -137,6 +137,82 @@ pub fn runs_parallel(d: &dyn Dialect, k: &Kernel) -> bool {
     d.thread_loop_header("i", "0", "1", false).is_some() && scan(&k.body, false, &mut any_par) && any_par
 }
 
+/// The largest trip count of `k`'s `'par`/`'sum` loops when every one of them is known
+/// when the kernel is generated (bounds of literals and of immutable lets of literals,
+/// through `+ - * /`), else None.
+pub fn par_trips(k: &Kernel) -> Option<u64> {
+    use ds4_ir::kir::{BinOp, Lit};
+    use std::collections::HashSet;
+    /// The names a statement list assigns (or declares mutable): never constants.
+    fn assigned(stmts: &[Stmt], out: &mut HashSet<String>) {
+        for st in stmts {
+            match st {
+                Stmt::Let { name, mutable: true, .. } | Stmt::Assign { name, .. } | Stmt::CompoundAssign { name, .. } => {
+                    out.insert(name.clone());
+                }
+                Stmt::For { body, .. } | Stmt::While { body, .. } => assigned(body, out),
+                Stmt::If { then, otherwise, .. } => {
+                    assigned(then, out);
+                    assigned(otherwise, out);
+                }
+                _ => {}
+            }
+        }
+    }
+    /// Names in scope, innermost last: a constant, or None for any other value.
+    type Scope = Vec<(String, Option<u64>)>;
+    fn value(e: &Expr, scope: &Scope) -> Option<u64> {
+        match e {
+            Expr::Lit(Lit::Usize(v)) => Some(*v),
+            Expr::Var(n) => scope.iter().rev().find(|c| &c.0 == n)?.1,
+            Expr::Binary { op, lhs, rhs } => {
+                let (a, b) = (value(lhs, scope)?, value(rhs, scope)?);
+                match op {
+                    BinOp::Add => a.checked_add(b),
+                    BinOp::Sub => a.checked_sub(b),
+                    BinOp::Mul => a.checked_mul(b),
+                    BinOp::Div => a.checked_div(b),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+    fn scan(stmts: &[Stmt], scope: &mut Scope, vars: &HashSet<String>, most: &mut u64) -> Option<()> {
+        let depth = scope.len();
+        for st in stmts {
+            match st {
+                Stmt::Let { name, init, .. } => {
+                    let v = if vars.contains(name) { None } else { value(init, scope) };
+                    scope.push((name.clone(), v));
+                }
+                Stmt::For { start, end, body, mode, var } => {
+                    if *mode != LoopMode::Serial {
+                        let trips = value(end, scope)?.saturating_sub(value(start, scope)?);
+                        *most = (*most).max(trips);
+                    }
+                    scope.push((var.clone(), None));
+                    scan(body, scope, vars, most)?;
+                    scope.pop();
+                }
+                Stmt::While { body, .. } => scan(body, scope, vars, most)?,
+                Stmt::If { then, otherwise, .. } => {
+                    scan(then, scope, vars, most)?;
+                    scan(otherwise, scope, vars, most)?;
+                }
+                _ => {}
+            }
+        }
+        scope.truncate(depth);
+        Some(())
+    }
+    let mut vars = HashSet::new();
+    assigned(&k.body, &mut vars);
+    let mut most = 0;
+    scan(&k.body, &mut Vec::new(), &vars, &mut most)?;
+    Some(most)
+}
+
 /// Whether `d` may spread one item of `k` over several blocks (along y): it runs in
 /// parallel, its one `'par` loop is all the item's work (no `'sum`, so no block-wide
 /// value; no second loop, so no barrier between loops that blocks could not share), and

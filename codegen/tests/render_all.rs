@@ -65,3 +65,19 @@ fn target_names_round_trip() {
     let e = Target::parse("cuda").unwrap_err().to_string();
     assert!(e.contains("cuda-sm90") && e.contains("wgsl"), "{e}");
 }
+
+/// CUDA blocks fit a kernel's parallel loops when their trip counts are known when it is
+/// generated (hadamard_fp4: 128 values), and are PAR_THREADS when one depends on a
+/// launch parameter (rms_norm's row length).
+#[test]
+fn block_threads_follow_known_trip_counts() {
+    let by_name = |n: &str| ds4_ir::kernels::all().into_iter().find(|k| k.name == n).unwrap();
+    let hadamard = by_name("hadamard_fp4");
+    assert_eq!(ds4_codegen::render::par_trips(&hadamard), Some(128));
+    assert_eq!(ds4_codegen::block_threads(&hadamard, Target::CudaSm90), 128);
+    let norm = by_name("rms_norm");
+    assert_eq!(ds4_codegen::render::par_trips(&norm), None);
+    assert_eq!(ds4_codegen::block_threads(&norm, Target::CudaSm90), ds4_codegen::render::PAR_THREADS);
+    // Other targets run items on one thread.
+    assert_eq!(ds4_codegen::block_threads(&hadamard, Target::Wgsl), 1);
+}
