@@ -230,17 +230,16 @@ impl Lower<'_> {
         ok.then_some(TermMma { offset: f.offset.is_some(), planes: TERM_PLANES, span32 })
     }
 
-    /// Blocks per SM the kernel is compiled for (`__launch_bounds__`). The TF32 path at 4
-    /// (128 registers; F16 at 2048 tokens on the H200: 0.77 → 0.55 ms, 3 → 4 blocks an SM);
-    /// the element-term path as the compiler likes (Q8_0 and IQ2_XXS at 120-125 registers
-    /// already; Q2_K's 168 forced to 128 measured 5.46 → 5.71 ms).
-    /// Only where four blocks' shared memory fits the 228 KiB of an sm_90 SM (F32's staged
-    /// rows do not: its registers are left alone).
+    /// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 4 (128 registers)
+    /// where four blocks' shared memory fits the 228 KiB of an sm_90 SM. Measured on the
+    /// H200 at 2048 tokens: F16 0.77 → 0.55 ms (3 → 4 blocks), Q2_K 5.03 → 4.93 ms (168
+    /// registers → 128, 3 → 4 blocks); the others were at 4 blocks already. F32's staged
+    /// rows do not fit four: its registers are left alone.
     pub(super) fn mma_min_blocks(&self) -> Option<u32> {
         let shared = STATIC_SHARED_BYTES + self.staged_table_bytes() as u64 + self.mma_dynamic_shared() as u64;
         // Each resident block also reserves 1 KiB.
         let fits = 4 * (shared + 1024) <= 228 * 1024;
-        (self.term_mma().is_none() && fits).then_some(4)
+        fits.then_some(4)
     }
 
     /// Bytes of the tiles (dynamic shared memory before the staged rows).
