@@ -437,13 +437,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
 /// Whether any field, table or node of `spec` is a u64.
 fn uses_u64(spec: &QuantSpec) -> bool {
     fn walk(e: &Expr) -> bool {
-        e.ty() == Ty::U64
-            || match *e {
-                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => walk(a),
-                Expr::Binary(_, _, a, b) => walk(a) || walk(b),
-                Expr::Select(_, c, a, b) => walk(c) || walk(a) || walk(b),
-                _ => false,
-            }
+        e.ty() == Ty::U64 || e.children().into_iter().any(walk)
     }
     spec.fields.iter().any(|f| f.ty == Ty::U64)
         || spec.tables.iter().any(|t| t.ty == Ty::U64)

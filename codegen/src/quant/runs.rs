@@ -170,18 +170,8 @@ impl Lower<'_> {
                 }
                 return;
             }
-            match *e {
-                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => walk(l, a, out),
-                Expr::Binary(_, _, a, b) => {
-                    walk(l, a, out);
-                    walk(l, b, out);
-                }
-                Expr::Select(_, c, a, b) => {
-                    walk(l, c, out);
-                    walk(l, a, out);
-                    walk(l, b, out);
-                }
-                _ => {}
+            for c in e.children() {
+                walk(l, c, out);
             }
         }
         let mut out = Vec::new();
@@ -324,13 +314,7 @@ impl Lower<'_> {
                     }
                 }
                 for jj in 0..run {
-                    out.push((1, "{".into()));
-                    let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
-                    out.push((2, s.decl("j", Word::U32, false, &j)));
-                    let el = Lower { run_elem: Some(jj), ..*self };
-                    for l in el.lets_at(Level::Elem)? {
-                        out.push((2, l));
-                    }
+                    let el = self.run_element_open(run, jj, &mut out)?;
                     let elem = match &f {
                         Some(f) => el.product(&f.elem)?,
                         None => el.expr(self.spec.value)?,
@@ -492,19 +476,27 @@ impl Lower<'_> {
                 out.extend(first()?.into_iter().map(|l| (1, l)));
             }
             for jj in 0..run {
-                out.push((1, "{".into()));
-                let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
-                out.push((2, s.decl("j", Word::U32, false, &j)));
-                let el = Lower { run_elem: Some(jj), ..*self };
-                for l in el.lets_at(Level::Elem)? {
-                    out.push((2, l));
-                }
+                let el = self.run_element_open(run, jj, &mut out)?;
                 out.extend(elem(&el, q * run + jj)?.into_iter().map(|l| (2, l)));
                 out.push((1, "}".into()));
             }
             out.push((0, "}".into()));
         }
         Ok(out)
+    }
+
+    /// Opens element `jj` of a run of `run` inside a sub-block: `{`, its `j` and its
+    /// element lets into `out`; the lowering that reads the run's hoisted bytes for it
+    /// (the caller adds the element's use and the closing brace).
+    fn run_element_open(&self, run: u64, jj: u64, out: &mut Vec<(usize, String)>) -> Result<Lower<'_>, super::QuantGenError> {
+        out.push((1, "{".into()));
+        let j = if run == self.spec.sub_block as u64 { self.u32(jj) } else { format!("uj + {}", self.u32(jj)) };
+        out.push((2, self.syn.decl("j", Word::U32, false, &j)));
+        let el = Lower { run_elem: Some(jj), ..*self };
+        for l in el.lets_at(Level::Elem)? {
+            out.push((2, l));
+        }
+        Ok(el)
     }
 
     /// The values the factored element term can take (the product of the element
@@ -545,17 +537,7 @@ impl Lower<'_> {
                         divisors(l, let_.value, out)
                     }
                 }
-                Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => divisors(l, a, out),
-                Expr::Binary(_, _, a, b) => {
-                    divisors(l, a, out);
-                    divisors(l, b, out);
-                }
-                Expr::Select(_, c, a, b) => {
-                    divisors(l, c, out);
-                    divisors(l, a, out);
-                    divisors(l, b, out);
-                }
-                Expr::Int(..) | Expr::F32(_) | Expr::Lane | Expr::Field(..) => {}
+                _ => e.children().into_iter().for_each(|c| divisors(l, c, out)),
             }
         }
         let Some(f) = self.factored() else { return 0 };

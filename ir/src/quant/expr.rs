@@ -190,6 +190,25 @@ pub enum Expr {
 }
 
 impl Expr {
+    /// The node's operands, in order (none for leaves).
+    pub fn children(&self) -> Vec<&'static Expr> {
+        match *self {
+            Expr::Load(_, _, a)
+            | Expr::Table(_, _, a)
+            | Expr::Unary(_, _, a)
+            | Expr::Cast(_, a)
+            | Expr::Bitcast(_, a) => vec![a],
+            Expr::Binary(_, _, a, b) => vec![a, b],
+            Expr::Select(_, c, a, b) => vec![c, a, b],
+            Expr::Int(..)
+            | Expr::F32(_)
+            | Expr::Sub
+            | Expr::Lane
+            | Expr::Var(..)
+            | Expr::Field(..) => Vec::new(),
+        }
+    }
+
     pub fn ty(&self) -> Ty {
         match *self {
             Expr::Int(t, _) => t,

@@ -23,6 +23,9 @@ pub fn x_len(m: usize, k: usize, groups: usize, x_div: usize) -> usize {
     m.div_ceil(x_div.max(1)) * groups * k
 }
 
+/// The split kernel's arguments, by name in launch order.
+pub type SplitArgs = [(&'static str, Arg); 4];
+
 /// The parts of `len` floats of x (`len` a multiple of 16).
 pub struct XParts {
     pub planes: DeviceBuf,
@@ -33,14 +36,14 @@ pub struct XParts {
 impl XParts {
     /// Buffers for the parts of `len` floats (from the device's pool).
     pub fn alloc(dev: &Arc<Device>, len: usize) -> Result<XParts, CudaError> {
-        if len % 16 != 0 {
+        if !len.is_multiple_of(16) {
             return Err(CudaError(format!("x's bf16 parts: {len} floats is not a multiple of 16")));
         }
         Ok(XParts { planes: dev.alloc(len * 2 * cuda_split::PARTS as usize)?, sums: dev.alloc(len / 16 * 4)?, len })
     }
 
     /// The split's grid and its arguments (by name, in launch order) for x at `x`.
-    pub fn split_args(&self, x: u64) -> ((u32, u32, u32), [(&'static str, Arg); 4]) {
+    pub fn split_args(&self, x: u64) -> ((u32, u32, u32), SplitArgs) {
         let grid = (cuda_split::blocks(self.len) as u32, 1, 1);
         (grid, [("planes", Arg::Ptr(self.planes.ptr)), ("sums", Arg::Ptr(self.sums.ptr)), ("x", Arg::Ptr(x)), ("n", Arg::U64(self.len as u64))])
     }
