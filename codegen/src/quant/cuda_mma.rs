@@ -460,18 +460,30 @@ impl Lower<'_> {
             Some(t) => w(&mut o, 1, &format!("unsigned char* const wst = tb + {};", t.scales_at() + t.pairs_bytes())),
             None => w(&mut o, 1, &format!("unsigned char* const wst = (unsigned char*)(xs + {});", 2 * tf)),
         }
+        // This thread's row in the staged copy of the stage at column `s` in buffer `b`: its
+        // slots plus the row's shift, less the stage's first block (the walk's element
+        // indices are the row's: `ea < k` holds).
+        let row_in_stage = |b: &str, s: &str| format!("({b}) * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (({s}) / {be}ull) * {bb}ull)) & 15ull) - (({s}) / {be}ull) * {bb}ull", st.buffer_bytes(), st.vectors * 16);
+        let staged = Lower { wbuf: "wst", words: true, ..*self };
         // The first stage and x tile, complete before the first step reads them.
         stage_copy(&mut o, 1, st, "k_lo", "0u");
         x_copy(&mut o, 1, "k_lo", "0u");
         w(&mut o, 1, "ds4_cp_wait();");
         w(&mut o, 1, "__syncthreads();");
+        if let Some(t) = term {
+            // The element-term path is pipelined one step further: a step's terms are
+            // de-quantized during the previous step, after its MMAs (the two are
+            // independent, so their latencies overlap), and the barrier that starts a step
+            // makes them visible.
+            w(&mut o, 1, &format!("const unsigned long long my_at0 = {};", row_in_stage("0u", "k_lo")));
+            self.term_dequant(&mut o, 1, &staged, t, ("my_at0", "k_lo + half", "0u"))?;
+        }
         w(&mut o, 1, "unsigned int buf = 0u, sb = 0u;");
         w(&mut o, 1, &format!("for (unsigned long long s0 = k_lo; s0 < k_hi; s0 += {se}ull, sb ^= 1u) {{"));
-        // This thread's row in the staged copy: its slots plus the row's shift, less the
-        // stage's first block (the walk's element indices are the row's: `ea < k` holds).
-        w(&mut o, 2, &format!("const unsigned long long my_at = sb * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (s0 / {be}ull) * {bb}ull)) & 15ull) - (s0 / {be}ull) * {bb}ull;", st.buffer_bytes(), st.vectors * 16));
+        if term.is_none() {
+            w(&mut o, 2, &format!("const unsigned long long my_at = {};", row_in_stage("sb", "s0")));
+        }
         w(&mut o, 2, &format!("for (unsigned long long k0 = s0; k0 < s0 + {se}ull && k0 < k_hi; k0 += 32ull, buf ^= 1u) {{"));
-        let staged = Lower { wbuf: "wst", words: true, ..*self };
         let next = |o: &mut String, d: usize| {
             // The next stage goes out during this stage's first step.
             w(o, d, &format!("if (k0 == s0 && s0 + {se}ull < k_hi) {{"));
@@ -482,7 +494,21 @@ impl Lower<'_> {
             w(o, d, "}");
         };
         match term {
-            Some(t) => self.term_step(&mut o, 3, &staged, t, &next)?,
+            Some(t) => {
+                // This step's terms and copies are complete (the previous step waited for
+                // its copies): one barrier, the next copies, this step's MMAs, the next
+                // step's terms (from the next stage's buffer at a stage's last step: that
+                // stage was copied during this stage's first step), the wait.
+                w(&mut o, 3, "__syncthreads();");
+                next(&mut o, 3);
+                self.term_multiply(&mut o, 3, t);
+                w(&mut o, 3, "if (k0 + 32ull < k_hi) {");
+                w(&mut o, 4, &format!("const bool same = k0 + 32ull < s0 + {se}ull;"));
+                w(&mut o, 4, &format!("const unsigned long long my_at1 = {};", row_in_stage("same ? sb : (sb ^ 1u)", &format!("same ? s0 : s0 + {se}ull"))));
+                self.term_dequant(&mut o, 4, &staged, t, ("my_at1", "k0 + 32ull + half", "buf ^ 1u"))?;
+                w(&mut o, 3, "}");
+                w(&mut o, 3, "ds4_cp_wait();");
+            }
             None => step(&mut o, 3, &staged, "my_at", "k0 + half", &next)?,
         }
         w(&mut o, 2, "}");
@@ -509,23 +535,21 @@ impl Lower<'_> {
 }
 
 impl Lower<'_> {
-    /// One 32-column step of the element-term path into buffer `buf` (see the module
-    /// comment): the thread's 16 terms as bf16 and their scale (and offset) into the tiles,
-    /// the wait for this step's copies (x's parts, a stage of raw rows), one barrier, the
-    /// next copies (`next`), then per 16 columns a fresh `term · (l + m + h)` on the tensor
-    /// cores, scaled into the accumulators.
-    fn term_step(&self, o: &mut String, depth: usize, lower: &Lower, t: TermMma, next: &dyn Fn(&mut String, usize)) -> Result<(), QuantGenError> {
+    /// The element-term path's de-quantization of one 32-column step: the thread's 16
+    /// terms (row `trow`, element `e0` of its row, its bytes at `row_base` of the staged
+    /// copy) as bf16 into the term tile of buffer `buf`, with their scale (and offset).
+    fn term_dequant(&self, o: &mut String, depth: usize, lower: &Lower, t: TermMma, (row_base, e0, buf): (&str, &str, &str)) -> Result<(), QuantGenError> {
         let w = |o: &mut String, d: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(d));
         };
         let (tt, tp) = (TERM_TILE, TERM_PAIRS);
-        // Floats from the scales to the offsets and to x's sums.
-        let (to_of, to_xsum) = (tp / 4 * 2, tp / 4 * 4);
+        // Floats from the scales to the offsets.
+        let to_of = tp / 4 * 2;
         let pack = |q: usize| format!("__byte_perm(__float_as_uint(tv[{}]), __float_as_uint(tv[{}]), 0x7632u)", 2 * q, 2 * q + 1);
         let uint4 = |base: usize, f: &dyn Fn(usize) -> String| format!("make_uint4({}, {}, {}, {})", f(base), f(base + 1), f(base + 2), f(base + 3));
         w(o, depth, "{");
-        w(o, depth + 1, "const unsigned long long row_base = my_at;");
-        w(o, depth + 1, "const unsigned long long e0 = k0 + half;");
+        w(o, depth + 1, &format!("const unsigned long long row_base = {row_base};"));
+        w(o, depth + 1, &format!("const unsigned long long e0 = {e0};"));
         w(o, depth + 1, "float t_sc = 0.0f, t_of = 0.0f;");
         w(o, depth + 1, "if (wrow < n) {");
         let store = |i: u64, v: &str| format!("tv[{i}] = {v};");
@@ -539,18 +563,28 @@ impl Lower<'_> {
         w(o, depth + 1, "} else {");
         w(o, depth + 2, "for (int i = 0; i < 16; i++) tv[i] = 0.0f;");
         w(o, depth + 1, "}");
-        w(o, depth + 1, &format!("uint4* const wd = (uint4*)(tb + buf * {tt}u + trow * {TERM_ROW}ull);"));
+        w(o, depth + 1, &format!("uint4* const wd = (uint4*)(tb + ({buf}) * {tt}u + trow * {TERM_ROW}ull);"));
         w(o, depth + 1, &format!("wd[{}] = {};", swizzle("2u * hb", "trow"), uint4(0, &pack)));
         w(o, depth + 1, &format!("wd[{}] = {};", swizzle("2u * hb + 1u", "trow"), uint4(4, &pack)));
-        w(o, depth + 1, &format!("float* const scw = (float*)(tb + {}u) + buf * 128u + trow * 2ull + hb;", t.scales_at()));
+        w(o, depth + 1, &format!("float* const scw = (float*)(tb + {}u) + ({buf}) * 128u + trow * 2ull + hb;", t.scales_at()));
         w(o, depth + 1, "scw[0] = t_sc;");
         if t.offset {
             w(o, depth + 1, &format!("scw[{to_of}] = t_of;"));
         }
         w(o, depth, "}");
-        w(o, depth, "ds4_cp_wait();");
-        w(o, depth, "__syncthreads();");
-        next(o, depth);
+        Ok(())
+    }
+
+    /// The element-term path's multiply of one 32-column step from buffer `buf`: per 16
+    /// columns a fresh `term · (l + m + h)` on the tensor cores, scaled into the
+    /// accumulators (see the module comment).
+    fn term_multiply(&self, o: &mut String, depth: usize, t: TermMma) {
+        let w = |o: &mut String, d: usize, text: &str| {
+            let _ = writeln!(o, "{}{text}", "    ".repeat(d));
+        };
+        let (tt, tp) = (TERM_TILE, TERM_PAIRS);
+        // Floats from the scales to the offsets and to x's sums.
+        let (to_of, to_xsum) = (tp / 4 * 2, tp / 4 * 4);
         let np = t.planes as usize;
         for l in [
             "const unsigned int tb_s = (unsigned int)__cvta_generic_to_shared(tb);".to_string(),
@@ -639,7 +673,6 @@ impl Lower<'_> {
             w(o, depth + 1, "}");
             w(o, depth, "}");
         }
-        Ok(())
     }
 }
 
