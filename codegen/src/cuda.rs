@@ -182,7 +182,7 @@ impl Dialect for Cuda {
             // The item's output lives in shared memory while the kernel runs (see
             // `stages_output`), when the launch gave it room; copied in first, so that
             // what the kernel does not write keeps its value.
-            let (start, step) = if parallel { ("threadIdx.x", "blockDim.x") } else { ("0", "1") };
+            let copy_in = self.staged_copy(out_len, parallel, "ds4_out_sh", "ds4_out_g");
             let _ = write!(
                 s,
                 "    extern __shared__ float ds4_out_sh[];\n    \
@@ -191,7 +191,7 @@ impl Dialect for Cuda {
                  float* const ds4_out_g = {out};\n    \
                  const bool ds4_staged = (usize)({out_len}) * 4 <= (usize)ds4_room;\n    \
                  if (ds4_staged) {{\n        \
-                 for (usize i = {start}; i < (usize)({out_len}); i += {step}) ds4_out_sh[i] = ds4_out_g[i];\n        \
+                 {copy_in}\n        \
                  {out} = ds4_out_sh;\n    \
                  }}\n"
             );
@@ -207,12 +207,22 @@ impl Dialect for Cuda {
         if !stages_output(k) {
             return String::new();
         }
-        let (start, step, barrier) = if parallel { ("threadIdx.x", "blockDim.x", "    __syncthreads();\n") } else { ("0", "1", "") };
-        format!(
-            "{barrier}    if (ds4_staged) {{\n        \
-             for (usize i = {start}; i < (usize)({out_len}); i += {step}) ds4_out_g[i] = ds4_out_sh[i];\n    \
-             }}\n"
-        )
+        let barrier = if parallel { "    __syncthreads();\n" } else { "" };
+        let copy_out = self.staged_copy(out_len, parallel, "ds4_out_g", "ds4_out_sh");
+        format!("{barrier}    if (ds4_staged) {{\n        {copy_out}\n    }}\n")
+    }
+}
+
+impl Cuda {
+    /// `dst[i] = src[i]` over a staged item output of `out_len` floats, by the block's
+    /// threads where the kernel runs in parallel (the dialect's own loop headers).
+    fn staged_copy(&self, out_len: &str, parallel: bool, dst: &str, src: &str) -> String {
+        let end = format!("(usize)({out_len})");
+        let header = match self.thread_loop_header("i", "0", &end, false) {
+            Some(h) if parallel => h,
+            _ => self.for_header("i", "0", &end),
+        };
+        format!("{header} {dst}[i] = {src}[i];")
     }
 }
 

@@ -236,7 +236,6 @@ fn par_loops(stmts: &[Stmt]) -> usize {
         .sum()
 }
 
-/// Whether `k` loads from its output buffer, or updates it in place (`out[i] += ..`).
 /// Whether `k` reads back what it wrote to its output (loads, or `out[i] op= v`).
 pub fn reads_output(k: &Kernel) -> bool {
     fn updates(stmts: &[Stmt], out: &str) -> bool {

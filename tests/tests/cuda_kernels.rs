@@ -8,7 +8,6 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_ir::GgmlType;
 use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
@@ -210,12 +209,11 @@ fn everything(dev: &Arc<Device>) -> &'static Kernels {
     KS.get_or_init(|| Kernels::compile(dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC"))
 }
 
-/// The tensor-core matmul's trailing arguments for type `t` and x at `x` (`len` floats
-/// read): x's bf16 parts made by the split kernel, as the runtime makes them (returned
-/// too: they must live until the matmul has run), or placeholders for a type on the TF32
-/// path.
-fn x_parts_args(dev: &Arc<Device>, ks: &Kernels, t: GgmlType, x: u64, len: usize, dummy: u64) -> (Vec<Arg>, Option<x_parts::XParts>) {
-    if !x_parts::needed(t) {
+/// The tensor-core matmul `mm`'s trailing arguments for x at `x` (`len` floats read): x's
+/// bf16 parts made by the split kernel, as the runtime makes them (returned too: they must
+/// live until the matmul has run), or placeholders for a kernel on the TF32 path.
+fn x_parts_args(dev: &Arc<Device>, ks: &Kernels, mm: &Loaded, x: u64, len: usize, dummy: u64) -> (Vec<Arg>, Option<x_parts::XParts>) {
+    if !mm.reads_x_parts {
         return (x_parts::mma_args(None, dummy).map(|(_, a)| a).to_vec(), None);
     }
     let parts = x_parts::XParts::alloc(dev, len).unwrap();
@@ -543,7 +541,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
                 args.extend([u(k_slice), u(m2 * rows)]);
             }
             // Kept until the results are read (the matmul reads them on the stream).
-            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, t, x2b.ptr, x_parts::x_len(m2, k, groups, 1), idb.ptr) } else { (Vec::new(), None) };
+            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, mm, x2b.ptr, x_parts::x_len(m2, k, groups, 1), idb.ptr) } else { (Vec::new(), None) };
             if mma {
                 args.extend(parts_args);
             }
@@ -571,7 +569,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             if mma {
                 args.extend([u(k), u(0)]);
             }
-            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, t, x2b.ptr, x_parts::x_len(m2, k, 1, 1), idb.ptr) } else { (Vec::new(), None) };
+            let (parts_args, _parts) = if mma { x_parts_args(&dev, ks, mm, x2b.ptr, x_parts::x_len(m2, k, 1, 1), idb.ptr) } else { (Vec::new(), None) };
             if mma {
                 args.extend(parts_args);
             }

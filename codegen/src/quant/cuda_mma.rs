@@ -145,8 +145,6 @@ __device__ __forceinline__ void ds4_mma_bf16(float* d, const unsigned int* a, co
 pub struct TermMma {
     /// The value has an offset (`scale · term − offset`: Q2_K, Q4_K).
     pub offset: bool,
-    /// bf16 parts x is split into (2: x kept to 2^-17 of itself, 3: to 2^-24).
-    pub planes: u64,
     /// The scale holds for 32 columns (a step): applied once per step.
     pub span32: bool,
 }
@@ -155,7 +153,7 @@ impl TermMma {
     /// Byte offset (from the term tiles' start) of the scales: after two term tiles and
     /// two buffers of x's planes.
     fn scales_at(self) -> u64 {
-        (2 + 2 * self.planes) * TERM_TILE
+        (2 + 2 * TERM_PLANES) * TERM_TILE
     }
     /// Bytes of the per-row and per-token floats, two buffers: the scales, and with an
     /// offset the offsets and x's sums.
@@ -227,7 +225,7 @@ impl Lower<'_> {
         // Scaling once per step saves 16 of 32 multiply-adds a 16-column step and 10-14
         // registers (the H200: Q8_0 2.24 → 2.02 ms, now 4 blocks an SM; IQ2_XXS 4.42 → 4.29).
         let span32 = self.scale_span().is_multiple_of(32);
-        ok.then_some(TermMma { offset: f.offset.is_some(), planes: TERM_PLANES, span32 })
+        ok.then_some(TermMma { offset: f.offset.is_some(), span32 })
     }
 
     /// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 4 (128 registers)
@@ -335,9 +333,9 @@ impl Lower<'_> {
                 w(o, depth, "{");
                 w(o, depth + 1, &format!("const unsigned long long e = tok_x + {c0} + half;"));
                 w(o, depth + 1, "const unsigned int bytes = tok_ok ? 16u : 0u;");
-                w(o, depth + 1, &format!("unsigned char* const xd = tb + {} + ({b}) * {}u + trow * {TERM_ROW}ull;", 2 * TERM_TILE, t.planes * TERM_TILE));
+                w(o, depth + 1, &format!("unsigned char* const xd = tb + {} + ({b}) * {}u + trow * {TERM_ROW}ull;", 2 * TERM_TILE, TERM_PLANES * TERM_TILE));
                 w(o, depth + 1, "#pragma unroll");
-                w(o, depth + 1, &format!("for (int p = 0; p < {}; p++) {{", t.planes));
+                w(o, depth + 1, &format!("for (int p = 0; p < {TERM_PLANES}; p++) {{"));
                 w(o, depth + 2, "const unsigned char* const src = ds4_xp + (p * xp_stride + e) * 2ull;");
                 for c in 0..2 {
                     let at = swizzle(&format!("2u * hb + {c}u"), "trow");
@@ -585,7 +583,7 @@ impl Lower<'_> {
         let (tt, tp) = (TERM_TILE, TERM_PAIRS);
         // Floats from the scales to the offsets and to x's sums.
         let (to_of, to_xsum) = (tp / 4 * 2, tp / 4 * 4);
-        let np = t.planes as usize;
+        let np = TERM_PLANES as usize;
         for l in [
             "const unsigned int tb_s = (unsigned int)__cvta_generic_to_shared(tb);".to_string(),
             format!("const float* const scr = (const float*)(tb + {}u) + buf * 128u;", t.scales_at()),
@@ -595,7 +593,7 @@ impl Lower<'_> {
             // step's half (`sg`, XORed in).
             format!("const unsigned int a_at = tb_s + buf * {tt}u + (wm * 32u + (lane & 15u)) * {TERM_ROW}u;"),
             format!("const unsigned int a_c = {};", swizzle("lane >> 4", "lane & 15u")),
-            format!("const unsigned int b_at = tb_s + {}u + buf * {}u + (wn * 32u + (lane & 7u) + (lane >> 4) * 8u) * {TERM_ROW}u;", 2 * tt, t.planes * tt),
+            format!("const unsigned int b_at = tb_s + {}u + buf * {}u + (wn * 32u + (lane & 7u) + (lane >> 4) * 8u) * {TERM_ROW}u;", 2 * tt, TERM_PLANES * tt),
             format!("const unsigned int b_c = {};", swizzle("(lane >> 3) & 1u", "lane & 7u")),
             "const float zero4[4] = {0.0f, 0.0f, 0.0f, 0.0f};".into(),
         ] {
@@ -686,13 +684,13 @@ mod tests {
         use ds4_ir::GgmlType::*;
         let syn = crate::quant::syntax(crate::Target::CudaSm90).unwrap();
         for (t, path, span) in [
-            (Q8_0, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
-            (Q2K, Some(TermMma { offset: true, planes: TERM_PLANES, span32: false }), 16),
-            (Q4K, Some(TermMma { offset: true, planes: TERM_PLANES, span32: true }), 32),
-            (Q6K, Some(TermMma { offset: false, planes: TERM_PLANES, span32: false }), 16),
+            (Q8_0, Some(TermMma { offset: false, span32: true }), 32),
+            (Q2K, Some(TermMma { offset: true, span32: false }), 16),
+            (Q4K, Some(TermMma { offset: true, span32: true }), 32),
+            (Q6K, Some(TermMma { offset: false, span32: false }), 16),
             // Its scale reads `s / 4`: four sub-blocks of 8.
-            (Iq2Xxs, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
-            (Mxfp4, Some(TermMma { offset: false, planes: TERM_PLANES, span32: true }), 32),
+            (Iq2Xxs, Some(TermMma { offset: false, span32: true }), 32),
+            (Mxfp4, Some(TermMma { offset: false, span32: true }), 32),
             // One element per block: nothing factored, the value itself is not exact in bf16.
             (F16, None, 0),
             (F32, None, 0),

@@ -260,7 +260,7 @@ impl Lower<'_> {
     pub(super) fn weight_runs(&self, walk: &Walk, tokens: &[Token]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
         let s = self.syn;
         let x = s.buffer("x");
-        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        let (be, bb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64));
         let shape = self.shape();
         let run = match shape {
             Shape::InSub { run } => run,
@@ -290,14 +290,7 @@ impl Lower<'_> {
         }
         match shape {
             Shape::InSub { run } => {
-                out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
-                out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((e0 % {be}) / {sb})")))));
-                if run != self.spec.sub_block as u64 {
-                    out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(e0 % {sb})")))));
-                }
-                for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
-                    out.push((1, l));
-                }
+                self.run_open(run, "e0", walk.bytes_at, &mut out)?;
                 let f = self.factored();
                 let scale = match &f {
                     Some(f) => self.product(&f.scale)?,
@@ -459,19 +452,11 @@ impl Lower<'_> {
         elem: &dyn Fn(&Lower, u64) -> Result<Vec<String>, super::QuantGenError>,
     ) -> Result<Vec<(usize, String)>, super::QuantGenError> {
         let s = self.syn;
-        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
         let mut out = Vec::new();
         for q in 0..count / run {
             out.push((0, "{".into()));
             out.push((1, s.decl("ea", self.iw(), false, &format!("e0 + {}", self.idx(q * run)))));
-            out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("row_base + (ea / {be}) * {bb}"))));
-            out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("((ea % {be}) / {sb})")))));
-            if run != self.spec.sub_block as u64 {
-                out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("(ea % {sb})")))));
-            }
-            for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
-                out.push((1, l));
-            }
+            self.run_open(run, "ea", "row_base", &mut out)?;
             if q == 0 {
                 out.extend(first()?.into_iter().map(|l| (1, l)));
             }
@@ -483,6 +468,24 @@ impl Lower<'_> {
             out.push((0, "}".into()));
         }
         Ok(out)
+    }
+
+    /// Opens a run of `run` elements inside a sub-block whose first element is `e` (a
+    /// variable) of the row whose blocks start at `base`: its block, sub-block and
+    /// position in the sub-block, the block and sub-block lets, the hoisted byte words
+    /// (depth 1 in `out`).
+    fn run_open(&self, run: u64, e: &str, base: &str, out: &mut Vec<(usize, String)>) -> Result<(), super::QuantGenError> {
+        let s = self.syn;
+        let (be, bb, sb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64), self.idx(self.spec.sub_block as u64));
+        out.push((1, s.decl("ds4_blk", self.iw(), false, &format!("{base} + ({e} / {be}) * {bb}"))));
+        out.push((1, s.decl("s", Word::U32, false, &s.cast(Word::U32, &format!("(({e} % {be}) / {sb})")))));
+        if run != self.spec.sub_block as u64 {
+            out.push((1, s.decl("uj", Word::U32, false, &s.cast(Word::U32, &format!("({e} % {sb})")))));
+        }
+        for l in self.lets_at(Level::Block)?.into_iter().chain(self.lets_at(Level::Sub)?).chain(self.run_byte_words(run)?) {
+            out.push((1, l));
+        }
+        Ok(())
     }
 
     /// Opens element `jj` of a run of `run` inside a sub-block: `{`, its `j` and its

@@ -43,6 +43,9 @@ pub struct Loaded {
     pub stages_out: bool,
     /// Bytes of dynamic shared memory a launch gives it (`QuantKernel::dynamic_shared`).
     pub dyn_shared: u32,
+    /// Reads x's bf16 parts, made first by `split_x_bf16x3` (`QuantKernel::reads_x_parts`,
+    /// `x_parts.rs`).
+    pub reads_x_parts: bool,
 }
 
 impl Loaded {
@@ -108,6 +111,7 @@ struct Unit {
     splits_items: bool,
     stages_out: bool,
     dyn_shared: u32,
+    reads_x_parts: bool,
 }
 
 impl Kernels {
@@ -125,16 +129,17 @@ impl Kernels {
                     splits_items: ds4_codegen::splits_items(&k, target),
                     stages_out: ds4_codegen::stages_output(&k, target),
                     dyn_shared: 0,
+                    reads_x_parts: false,
                 });
             }
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: 0 });
+            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: 0, reads_x_parts: false });
         }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;
-            units.push(Unit { name: cuda_split::NAME.into(), source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0 });
+            units.push(Unit { name: cuda_split::NAME.into(), source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0, reads_x_parts: false });
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {
@@ -165,7 +170,7 @@ impl Kernels {
                 // Past 48 KiB a kernel must ask for its dynamic shared memory.
                 func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
             }
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared });
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
         }
         Ok(Kernels { by_name, target })
     }
@@ -178,5 +183,5 @@ impl Kernels {
 fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
-    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared })
+    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared, reads_x_parts: k.reads_x_parts })
 }

@@ -165,15 +165,29 @@ impl GpuExecutor<'_> {
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
         if groups == 1 || ng % MMA_ROWS == 0 {
-            self.matmul_launch(QuantKernelKind::MatMulMma, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(MMA_TOKENS))
+            self.matmul_launch(QuantKernelKind::MatMulMma, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(MMA_TOKENS), None)
         } else {
-            self.matmul_launch(QuantKernelKind::MatMul, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(TOKENS))
+            self.matmul_launch(QuantKernelKind::MatMul, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(TOKENS), None)
         }
     }
 
-    /// A matmul kernel (`kind`); `listed`: (row lists, experts) of `blocks_y` expert groups.
+    /// x's bf16 parts (`x_parts.rs`), split here from the `len` floats at `x`, when one of
+    /// `kernels` reads them; None otherwise.
+    fn split_x(&self, kernels: &[&Loaded], x: u64, len: usize) -> Result<Option<XParts>, ExecError> {
+        if !kernels.iter().any(|k| k.reads_x_parts) {
+            return Ok(None);
+        }
+        let p = XParts::alloc(self.dev, len)?;
+        let (grid, named) = p.split_args(x);
+        self.call_loaded(self.kernels.get(x_parts::SPLIT_KERNEL)?, x_parts::SPLIT_KERNEL, grid, 0, &named)?;
+        Ok(Some(p))
+    }
+
+    /// A matmul kernel (`kind`); `listed`: (row lists, experts) of `blocks_y` expert groups;
+    /// `parts`: x's bf16 parts when the caller made them already (the experts' gate and up
+    /// share x), else made here where the kernel reads them.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_launch(&self, kind: QuantKernelKind, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize) -> Result<(), ExecError> {
+    fn matmul_launch(&self, kind: QuantKernelKind, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize, parts: Option<&XParts>) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
         let (idx, gexp) = listed.unwrap_or((self.dummy.ptr, self.dummy.ptr));
         let blocks_x = if kind == QuantKernelKind::MatMulMma { n.div_ceil(MMA_ROWS) } else { n };
@@ -184,16 +198,13 @@ impl GpuExecutor<'_> {
             _ => (k, 1),
         };
         let scratch = if slices > 1 { Some(self.dev.alloc(slices * m * n * 4)?) } else { None };
-        // The element-term path reads x's bf16 parts: split once here (`x_parts.rs`).
-        let parts = if kind == QuantKernelKind::MatMulMma && x_parts::needed(w.ty) {
-            let p = XParts::alloc(self.dev, x_parts::x_len(m, k, groups, x_div))?;
-            let (grid, named) = p.split_args(x);
-            self.call_loaded(self.kernels.get(x_parts::SPLIT_KERNEL)?, x_parts::SPLIT_KERNEL, grid, 0, &named)?;
-            Some(p)
-        } else {
-            None
+        let name = kernel_name(kind, w.ty);
+        let kl = self.kernels.get(&name)?;
+        let own = match parts {
+            None => self.split_x(&[kl], x, x_parts::x_len(m, k, groups, x_div))?,
+            Some(_) => None,
         };
-        let [xp, xs16, xp_stride] = x_parts::mma_args(parts.as_ref(), self.dummy.ptr);
+        let [xp, xs16, xp_stride] = x_parts::mma_args(parts.or(own.as_ref()).filter(|_| kl.reads_x_parts), self.dummy.ptr);
         let named = [
             ("out", Arg::Ptr(scratch.as_ref().map_or(out.ptr, |s| s.ptr))),
             ("w", Arg::Ptr(w.ptr)),
@@ -214,8 +225,6 @@ impl GpuExecutor<'_> {
             xs16,
             xp_stride,
         ];
-        let name = kernel_name(kind, w.ty);
-        let kl = self.kernels.get(&name)?;
         self.call_loaded(kl, &name, (blocks_x as u32, blocks_y as u32, slices as u32), kl.dyn_shared, &named)?;
         if let Some(s) = scratch {
             // The slices added in order (deterministic): out = s0 + s1, then out += s_z.
@@ -376,8 +385,11 @@ impl GpuExecutor<'_> {
                     match &groups {
                         Some((idx, gexp, n_groups)) => {
                             let mma = QuantKernelKind::MatMulMma;
-                            self.matmul_launch(mma, &gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
-                            self.matmul_launch(mma, &ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            // Gate and up read the same x: its parts made once.
+                            let kernels = [self.kernels.get(&kernel_name(mma, gate.ty))?, self.kernels.get(&kernel_name(mma, up.ty))?];
+                            let parts = self.split_x(&kernels, a, x_parts::x_len(t * k, d, 1, k))?;
+                            self.matmul_launch(mma, &gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
+                            self.matmul_launch(mma, &ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
                         }
                         None => {
                             self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
@@ -390,7 +402,7 @@ impl GpuExecutor<'_> {
                     match &groups {
                         Some((idx, gexp, n_groups)) => {
                             let y = self.dev.alloc(t * k * d * 4)?;
-                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups)?;
+                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups, None)?;
                             self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
                         }
                         None => {
@@ -535,7 +547,7 @@ impl GpuExecutor<'_> {
                     let (Arg::Ptr(q), Arg::Ptr(rows)) = (f(0)?, f(2)?) else { unreachable!() };
                     let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
                     let m = qs[0] * heads;
-                    self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS))?;
+                    self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS), None)?;
                     let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
                     self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
                 }

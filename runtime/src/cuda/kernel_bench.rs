@@ -147,10 +147,14 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
         let blocks_x = if kind == QuantKernelKind::MatMulMma { c.n.div_ceil(MMA_ROWS as usize) } else { c.n } as u32;
         let k = kernels.get(&name)?;
         let rbl = |m: usize| matvec_row_blocks(c.ty, c.n, m, dev.sms);
-        // The floats of x a prefill matmul reads: the down projection's rows are the
-        // (token, pick) rows, gate/up's the tokens.
-        let x_floats = if c.experts.is_some() && c.what.contains("down") { c.m * picks * c.k } else { c.m * c.k };
-        let parts = if kind == QuantKernelKind::MatMulMma && x_parts::needed(c.ty) { Some(XParts::alloc(&dev, x_floats)?) } else { None };
+        // The floats of x a prefill matmul reads (rows and x_div as the launch below gives
+        // them: the experts' rows are (token, pick) rows, gate/up's x one per token).
+        let (x_rows, x_div) = match c.experts {
+            Some(_) if c.what.contains("down") => (c.m * picks, 1),
+            Some(_) => (c.m * picks, picks),
+            None => (c.m, 1),
+        };
+        let parts = if k.reads_x_parts { Some(XParts::alloc(&dev, x_parts::x_len(x_rows, c.k, 1, x_div))?) } else { None };
         let call = |i: usize| -> Result<(), CudaError> {
             let wp = w.ptr + ((i % copies) * matrix) as u64;
             let (args, grid) = match (kind, c.experts) {
@@ -174,7 +178,6 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
                 ),
                 (_, Some(_)) => {
                     let (idx, gexp, ng) = &groups[i % 8];
-                    let x_div = if c.what.contains("down") { 1 } else { picks };
                     (
                         vec![Arg::Ptr(out.ptr), Arg::Ptr(wp), Arg::Ptr(xb.ptr), Arg::Ptr(idx.ptr), Arg::Ptr(gexp.ptr), u(c.n), u(c.k), u(row_bytes), u(c.m * picks), u(1), u(c.n), u(x_div), u(1)],
                         (blocks_x, *ng as u32),

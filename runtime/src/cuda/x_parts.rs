@@ -1,21 +1,16 @@
 //! x's bf16 parts for a tensor-core matmul's element-term path: `split_x_bf16x3`
 //! (`codegen/src/quant/cuda_split.rs`) runs once per matmul over the floats of x it reads,
-//! and `matmul_mma_<type>` copies the parts into its tiles (`quant/cuda_mma.rs`). Types
+//! and `matmul_mma_<type>` copies the parts into its tiles (`quant/cuda_mma.rs`). Whether
+//! a kernel reads them is decided when it is generated (`Loaded::reads_x_parts`); types
 //! on the TF32 path read x itself and need none (their three trailing arguments are
 //! placeholders).
 
 use super::device::{Arg, CudaError, Device, DeviceBuf};
 use ds4_codegen::quant::cuda_split;
-use ds4_ir::GgmlType;
 use std::sync::Arc;
 
 /// The split kernel's name.
 pub use cuda_split::NAME as SPLIT_KERNEL;
-
-/// Whether `matmul_mma_<ty>` reads x's parts.
-pub fn needed(ty: GgmlType) -> bool {
-    ds4_codegen::quant::mma_reads_x_parts(ty)
-}
 
 /// Floats of x a matmul reads: its row offsets are `((p / x_div)·groups + r / ng)·k`
 /// for rows p < m, so ceil(m / x_div)·groups rows of k.
