@@ -17,22 +17,28 @@ fn e4m3_round<F: Real>(v: F) -> F {
 
 /// FP8 round trip of the first `n_nope` channels of one row of `w`, in blocks of 64
 /// with a power-of-two scale `2^ceil(log2(amax/448))`, amax floored at 1e-4.
+///
+/// One parallel loop over the row's channels: each channel finds its block's amax
+/// itself (64 loads its neighbours share from the cache). A loop over blocks instead
+/// left 7 threads of a row scanning 64 values one after another (12.7 µs a decode step
+/// on the H200), and a second loop kept a decode item in one block.
 #[ds4_macros::kernel(out = "w")]
 pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_nope: usize) {
     let base = item * w;
+    let rounded = n_nope / 64 * 64;
     'par: for i in 0..w {
-        out[i] = x[base + i];
-    }
-    let nb = n_nope / 64;
-    'par: for b in 0..nb {
-        let mut amax = F::from_f64(1e-4);
-        for i in 0..64 {
-            amax = amax.max(x[base + b * 64 + i].abs());
-        }
-        let scale = (amax / F::from_f64(448.0)).log2().ceil().exp2();
-        for i in 0..64 {
-            let v = (x[base + b * 64 + i] / scale).max(F::from_f64(-448.0)).min(F::from_f64(448.0));
-            out[b * 64 + i] = e4m3_round(v) * scale;
+        let v = x[base + i];
+        if i < rounded {
+            let b0 = base + i / 64 * 64;
+            let mut amax = F::from_f64(1e-4);
+            for j in 0..64 {
+                amax = amax.max(x[b0 + j].abs());
+            }
+            let scale = (amax / F::from_f64(448.0)).log2().ceil().exp2();
+            let q = (v / scale).max(F::from_f64(-448.0)).min(F::from_f64(448.0));
+            out[i] = e4m3_round(q) * scale;
+        } else {
+            out[i] = v;
         }
     }
 }
