@@ -259,4 +259,19 @@ pub fn stages_output(k: &Kernel) -> bool {
 }
 
 /// The largest item output (bytes) a launch stages in shared memory.
+/// 16-byte copies global -> shared memory that travel while the kernel computes
+/// (`cp.async`, sm_80 and later): the tensor-core matmuls' and `attention_tiled`'s staging.
+pub(crate) const CP_ASYNC: &str = r#"// 16 bytes global -> shared without passing through registers; the first `bytes` come
+// from `src` (16-byte aligned), the rest are zeros. Complete after ds4_cp_wait().
+__device__ __forceinline__ void ds4_cp16(void* dst, const void* src, const unsigned int bytes) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void ds4_cp_wait() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+"#;
+
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;

@@ -13,9 +13,11 @@
 //! 1. **Row list.** The chunk's list entries (window rows, then compressed rows, -1 picks
 //!    skipped) are compacted into a ring of row codes in shared memory, 256 entries at a
 //!    time (a ballot per warp), so that every tile but the last is full of present rows.
-//! 2. **Stage** the tile's 16 rows, full width (16 × 512 floats = 32 KB), float4 loads
-//!    where `hd` and the pointers allow (a scalar path otherwise). A fill with zeros at the
-//!    start keeps the columns past `hd` finite.
+//! 2. **Stage** the tile's 16 rows, full width (16 × 512 floats = 32 KB), by 16-byte
+//!    `cp.async` copies where `hd` and the pointers allow (plain loads otherwise), into one
+//!    of two buffers: the next tile's rows travel while this tile is computed (one
+//!    barrier a tile for both). A fill with zeros at the start keeps the columns past
+//!    `hd` finite.
 //! 3. **Logits.** Thread (hq = warp / 2, dl = 32·(warp % 2) + lane) owns heads 4·hq .. +4
 //!    of the group and dimensions 4·dl + 256·j + e (j < 2, e < 4): Q for those 32 (head,
 //!    dim) pairs sits in registers, loaded once. Per 8 rows it forms 4 × 8 partial dot
@@ -34,11 +36,11 @@
 //!    FMAs, and the 4 probabilities of a row are one broadcast load. The tile's sum is
 //!    formed apart (in the logits' registers) and added once: one rounding of O per tile.
 //!
-//! Shared memory (static, under the 48 KB default): the tile 32 KB, logits 2 KB,
-//! probabilities 1 KB, the row ring 2 KB: 37,984 bytes, so two blocks fit an SM along
-//! with ~100 KB of L1. Registers: Q, O and the logit (then tile sum) accumulators, 32
-//! floats each, and a few indices: `__launch_bounds__(256, 2)` caps them at 128 per
-//! thread.
+//! Shared memory: the two tile buffers, 64 KB dynamic ([`DYN_SHARED_BYTES`]), and
+//! static logits 2 KB, probabilities 1 KB, the row ring 2 KB ([`SHARED_BYTES`]), so two
+//! blocks fit an SM along with ~80 KB of L1. Registers: Q, O and the logit (then tile
+//! sum) accumulators, 32 floats each, and a few indices: `__launch_bounds__(256, 2)` caps
+//! them at 128 per thread.
 //!
 //! Q and O in registers cover [`MAX_HD`] = 512 dimensions per head; the runtime runs the
 //! generated `attention_partial` for larger heads. Heads past `heads` in the last group
@@ -63,14 +65,16 @@ pub const MAX_HD: usize = 512;
 /// Capacity of the ring of row codes: one refill (THREADS entries) on top of a tile's
 /// worth minus one, rounded up to a power of two.
 const QUEUE: usize = 512;
-/// Static shared memory: the tile, the two halves of the logits, the probabilities, the
+/// Static shared memory: the two halves of the logits, the probabilities, the
 /// correction factors, the row ring and the per-warp counts.
-pub const SHARED_BYTES: u32 = (4 * (TILE_ROWS * MAX_HD + 2 * TILE_HEADS * TILE_ROWS + TILE_ROWS * TILE_HEADS + TILE_HEADS + QUEUE + THREADS as usize / 32)) as u32;
+pub const SHARED_BYTES: u32 = (4 * (2 * TILE_HEADS * TILE_ROWS + TILE_ROWS * TILE_HEADS + TILE_HEADS + QUEUE + THREADS as usize / 32)) as u32;
+/// Dynamic shared memory (given at launch): two tile buffers of rows.
+pub const DYN_SHARED_BYTES: u32 = (2 * 4 * TILE_ROWS * MAX_HD) as u32;
 
 // The layout the CUDA text assumes: static shared memory; a thread per (head, row) in the
 // softmax step; 8 warps of 4 heads × half the dimensions, 8 of them per thread, for the
 // dot products; a ring that takes a refill on top of a tile's leftovers.
-const _: () = assert!(SHARED_BYTES <= 48 * 1024);
+const _: () = assert!(SHARED_BYTES <= 48 * 1024 && 2 * (SHARED_BYTES + DYN_SHARED_BYTES + 1024) <= 228 * 1024);
 const _: () = assert!(TILE_HEADS == 16 && TILE_ROWS == 16 && THREADS == 256);
 const _: () = assert!(MAX_HD == 2 * 32 * 8);
 const _: () = assert!(QUEUE.is_power_of_two() && QUEUE >= THREADS as usize + TILE_ROWS - 1);
@@ -107,6 +111,7 @@ pub fn source(target: Target) -> Option<String> {
     ] {
         s.push_str(&format!("constexpr unsigned int {name} = {v}u;\n"));
     }
+    s.push_str(crate::cuda::CP_ASYNC);
     s.push_str(HELPERS);
     s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({THREADS}, 2) {NAME}({}) {{\n", dialect.params(&contract())));
     s.push_str(BODY);
@@ -143,7 +148,7 @@ __device__ __forceinline__ float ds4_warp_reduce_scatter32(float* v, const unsig
 
 "#;
 
-const BODY: &str = r#"    __shared__ __align__(16) float kv[TILE_ROWS * MAX_HD];
+const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
     __shared__ __align__(16) float logit[2 * TILE_HEADS * TILE_ROWS];
     __shared__ __align__(16) float prob[TILE_ROWS * TILE_HEADS];
     __shared__ __align__(16) float corr[TILE_HEADS];
@@ -208,19 +213,25 @@ const BODY: &str = r#"    __shared__ __align__(16) float kv[TILE_ROWS * MAX_HD];
     }
 
     const bool vec = (hd & 3ull) == 0ull && (((usize)win | (usize)comp) & 15ull) == 0ull;
-    for (unsigned int i = tid; i < TILE_ROWS * MAX_HD; i += THREADS) {
-        kv[i] = 0.0f;
+    for (unsigned int i = tid; i < 2u * TILE_ROWS * MAX_HD; i += THREADS) {
+        kv_buf[i] = 0.0f;
     }
     __syncthreads();
     // Ring of row codes (r ≥ 0: window row r, ~c: compressed row c): [qhead, qtail) are
-    // present rows not yet used, `next` the first list entry not yet looked at.
+    // present rows not yet used (the tile being computed first), `next` the first list
+    // entry not yet looked at.
     unsigned int qhead = 0u;
     unsigned int qtail = 0u;
     usize next = a;
-    const float4* kv4 = (const float4*)kv;
-    for (;;) {
-        // Top the ring up to a tile: the next THREADS entries, present ones in list order.
-        while (qtail - qhead < TILE_ROWS && next < b) {
+    // The tile in buffer `cur` (rows [qhead, qhead + count) of the ring) is computed while
+    // the next one is copied into the other buffer.
+    unsigned int cur = 0u;
+    unsigned int count = 0u;
+    for (bool first = true;; first = false) {
+        const unsigned int nhead = qhead + count;
+        // Top the ring up to the next tile: the next THREADS entries, present ones in list
+        // order.
+        while (qtail - nhead < TILE_ROWS && next < b) {
             const usize e = next + tid;
             int code = 0;
             bool present = false;
@@ -256,45 +267,48 @@ const BODY: &str = r#"    __shared__ __align__(16) float kv[TILE_ROWS * MAX_HD];
             next += THREADS;
             __syncthreads();
         }
-        const unsigned int count = qtail - qhead < TILE_ROWS ? qtail - qhead : TILE_ROWS;
-        if (count == 0u) {
-            break;
-        }
+        const unsigned int ncount = qtail - nhead < TILE_ROWS ? qtail - nhead : TILE_ROWS;
 
-        // Stage the tile's rows (columns past hd keep the zeros of the fill).
-        if (vec) {
-            constexpr unsigned int PER_THREAD = TILE_ROWS * MAX_HD / 4 / THREADS;
-            float4 staged[PER_THREAD];
+        // Stage the next tile's rows into the other buffer (columns past hd keep the zeros
+        // of the fill; rows past its count keep earlier rows, whose p will be 0).
+        {
+            float* const dst = kv_buf + (cur ^ (first ? 0u : 1u)) * (TILE_ROWS * MAX_HD);
+            if (vec) {
+                constexpr unsigned int PER_THREAD = TILE_ROWS * MAX_HD / 4 / THREADS;
 #pragma unroll
-            for (unsigned int s = 0; s < PER_THREAD; s++) {
-                const unsigned int idx = tid + s * THREADS;
-                const unsigned int k = idx / (MAX_HD / 4);
-                const unsigned int c = idx % (MAX_HD / 4);
-                if (k < count && 4u * c < hd) {
-                    const int code = queue[(qhead + k) & (QUEUE - 1u)];
-                    const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
-                    staged[s] = ((const float4*)row)[c];
+                for (unsigned int s = 0; s < PER_THREAD; s++) {
+                    const unsigned int idx = tid + s * THREADS;
+                    const unsigned int k = idx / (MAX_HD / 4);
+                    const unsigned int c = idx % (MAX_HD / 4);
+                    if (k < ncount && 4u * c < hd) {
+                        const int code = queue[(nhead + k) & (QUEUE - 1u)];
+                        const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
+                        ds4_cp16(dst + 4u * idx, row + 4u * c, 16u);
+                    }
                 }
-            }
-#pragma unroll
-            for (unsigned int s = 0; s < PER_THREAD; s++) {
-                const unsigned int idx = tid + s * THREADS;
-                if (idx / (MAX_HD / 4) < count && 4u * (idx % (MAX_HD / 4)) < hd) {
-                    ((float4*)kv)[idx] = staged[s];
-                }
-            }
-        } else {
-            for (unsigned int idx = tid; idx < TILE_ROWS * MAX_HD; idx += THREADS) {
-                const unsigned int k = idx / MAX_HD;
-                const unsigned int c = idx % MAX_HD;
-                if (k < count && c < hd) {
-                    const int code = queue[(qhead + k) & (QUEUE - 1u)];
-                    const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
-                    kv[idx] = row[c];
+            } else {
+                for (unsigned int idx = tid; idx < TILE_ROWS * MAX_HD; idx += THREADS) {
+                    const unsigned int k = idx / MAX_HD;
+                    const unsigned int c = idx % MAX_HD;
+                    if (k < ncount && c < hd) {
+                        const int code = queue[(nhead + k) & (QUEUE - 1u)];
+                        const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
+                        dst[idx] = row[c];
+                    }
                 }
             }
         }
-        __syncthreads();
+        if (first) {
+            // Nothing to compute yet: the first tile is the one just staged.
+            ds4_cp_wait();
+            __syncthreads();
+            count = ncount;
+            if (count == 0u) {
+                break;
+            }
+            continue;
+        }
+        const float4* kv4 = (const float4*)(kv_buf + cur * (TILE_ROWS * MAX_HD));
 
         // Logits, 8 rows at a time: 4 heads × 8 rows over this thread's dimensions, summed
         // over the warp (lane l: head 4·hq + l / 8, row l % 8); logit[half] holds the
@@ -413,9 +427,16 @@ const BODY: &str = r#"    __shared__ __align__(16) float kv[TILE_ROWS * MAX_HD];
                 }
             }
         }
-        qhead += count;
-        // The next tile overwrites kv, logit, prob and corr.
+        qhead = nhead;
+        count = ncount;
+        cur ^= 1u;
+        // The next tile's rows have arrived, and it overwrites logit, prob and corr (and
+        // then this tile's buffer).
+        ds4_cp_wait();
         __syncthreads();
+        if (count == 0u) {
+            break;
+        }
     }
 
     // The item ((token, head), chunk) of each head: hd sums, then max and sum.

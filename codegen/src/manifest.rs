@@ -282,7 +282,7 @@ fn tiled_attention_entry(ops: &BTreeSet<&'static str>, file: &str) -> String {
         cuda_attention::TILE_HEADS,
         cuda_attention::THREADS,
         cuda_attention::MAX_HD,
-        cuda_attention::SHARED_BYTES
+        cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES
     )
 }
 

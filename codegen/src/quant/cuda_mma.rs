@@ -87,7 +87,8 @@ pub fn mma_k_unit(spec: &ds4_ir::quant::QuantSpec) -> u64 {
     stage_elems(spec.block_elems as u64)
 }
 
-/// Helpers placed before the kernel: the TF32 split, one MMA, a 16-byte async copy.
+/// Helpers placed before the kernel: the TF32 split and one MMA (then the async copies,
+/// `cuda::CP_ASYNC`).
 const MMA_HELPERS: &str = r#"// v ≈ big + small, both TF32, by truncation: big keeps v's top 11 significant bits,
 // v - big is exact and small keeps its top 11 (two masks and a subtraction: the
 // rounding conversion measured 22% slower for the whole kernel on the H200).
@@ -101,17 +102,6 @@ __device__ __forceinline__ void ds4_mma_tf32(float* c, const unsigned int* a, co
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// 16 bytes global -> shared without passing through registers; the first `bytes` come
-// from `src` (16-byte aligned), the rest are zeros. Complete after ds4_cp_wait().
-__device__ __forceinline__ void ds4_cp16(void* dst, const void* src, const unsigned int bytes) {
-    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void ds4_cp_wait() {
-    asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 "#;
@@ -209,8 +199,8 @@ impl Lower<'_> {
     /// The helpers placed before `matmul_mma_<type>`.
     pub(super) fn mma_helpers(&self) -> String {
         match self.term_mma() {
-            Some(_) => format!("{MMA_HELPERS}{TERM_HELPERS}"),
-            None => MMA_HELPERS.to_string(),
+            Some(_) => format!("{MMA_HELPERS}{}{TERM_HELPERS}", crate::cuda::CP_ASYNC),
+            None => format!("{MMA_HELPERS}{}", crate::cuda::CP_ASYNC),
         }
     }
 

@@ -135,7 +135,7 @@ impl Kernels {
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: 0, reads_x_parts: false });
+            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: cuda_attention::DYN_SHARED_BYTES, reads_x_parts: false });
         }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;

@@ -87,6 +87,11 @@ impl GpuExecutor<'_> {
 
     /// `call` with the kernel already looked up and `shared` bytes of dynamic shared memory.
     fn call_loaded(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), shared: u32, named: &Named) -> Result<(), ExecError> {
+        self.call_threads(k, name, grid, k.threads, shared, named)
+    }
+
+    /// `call_loaded` with blocks of `threads` (op kernels stride their loops by the block).
+    fn call_threads(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), threads: u32, shared: u32, named: &Named) -> Result<(), ExecError> {
         let mut args = Vec::with_capacity(k.params.len());
         for (p, sig) in &k.params {
             let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
@@ -96,7 +101,7 @@ impl GpuExecutor<'_> {
             }
             args.push(a);
         }
-        launch(self.dev, &k.func, grid, (k.threads, 1, 1), shared, &args)?;
+        launch(self.dev, &k.func, grid, (threads, 1, 1), shared, &args)?;
         Ok(())
     }
 
@@ -122,7 +127,20 @@ impl GpuExecutor<'_> {
         let mut all = vec![("out", Arg::Ptr(out))];
         all.extend_from_slice(named);
         let k = self.kernels.get(name)?;
-        self.call_loaded(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), k.shared_for(out_len), &all)
+        self.call_threads(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), self.op_threads(k, items, work.0), k.shared_for(out_len), &all)
+    }
+
+    /// Threads per block of an op kernel over `items` items of `work` parallel iterations:
+    /// the kernel's own, but where there are many items (a prefill) about four iterations
+    /// a thread, at least a warp. A block of 512 threads for a RoPE or norm of 512 values
+    /// left most of its threads idle through the item's barriers and dependent steps;
+    /// smaller blocks put more items on an SM at once.
+    fn op_threads(&self, k: &Loaded, items: usize, work: usize) -> u32 {
+        static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if items < 4 * self.dev.sms || *FULL.get_or_init(|| std::env::var("DS4_OP_THREADS").as_deref() == Ok("full")) {
+            return k.threads;
+        }
+        ((work.div_ceil(4).div_ceil(32) * 32).max(32) as u32).min(k.threads)
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
