@@ -294,9 +294,10 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
     // (as the executor gives it) in every other case, in global memory in the others.
     let shared = if items % 2 == 0 { gpu.shared_for(len) } else { gpu.dyn_shared };
     // Op kernels stride their loops by the block, and the executor gives a prefill's
-    // launches smaller blocks than the kernel's own: some cases run with 32 to 128 threads
-    // (`any_block`: a generated op kernel, not a CUDA-text one with its own layout).
-    let threads = if any_block { [gpu.threads, 32, 64, 128][items % 4].min(gpu.threads) } else { gpu.threads };
+    // launches other blocks than the kernel's own: some cases run with 32 to 128 threads,
+    // or the most the kernel allows (`any_block`: a generated op kernel, not a CUDA-text
+    // one with its own layout).
+    let threads = if any_block { [gpu.threads, 32, 64, 128, gpu.max_threads][items % 5].min(gpu.max_threads) } else { gpu.threads };
     launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (threads, 1, 1), shared, &dargs).unwrap();
     dev.synchronize().unwrap();
     let (_, elem) = k.out();

@@ -136,23 +136,43 @@ impl Lower<'_> {
         // Rows not 16-byte aligned: the chunk byte by byte.
         let byte_copy = "for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];";
 
+        // The next job's bytes into registers (`pf`): the loads go out together, before
+        // the current job's arithmetic.
+        let fetch = |w: &mut dyn FnMut(usize, &str), depth: usize| {
+            w(depth, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
+            w(depth, &format!("#pragma unroll\n{}for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}", "    ".repeat(depth)));
+        };
+        let store = |w: &mut dyn FnMut(usize, &str), depth: usize| {
+            w(depth, &format!("#pragma unroll\n{}for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) ((uint4*)ds4_stage_w)[i] = pf[q]; }}", "    ".repeat(depth)));
+        };
+        w(1, &format!("uint4 pf[{pf}];"));
+
         // Few rows (n · gridDim.y below SPLIT_BELOW): a block per row, its warps sharing
-        // the row's chunks (warp w takes jobs w, w + 4, ..), their sums added through
-        // shared memory. A warp per row would leave most of the GPU idle (the
-        // hyper-connection and router mat-vecs have 24-256 rows of up to 32 KiB).
+        // the row's chunks (warp w takes jobs w, w + 4, .., the next one's bytes fetched
+        // before the current one is computed), their sums added through shared memory. A
+        // warp per row would leave most of the GPU idle (the hyper-connection and router
+        // mat-vecs have 24-256 rows of up to 32 KiB).
         w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
         w(2, &format!("__shared__ float ds4_red4[{wa}];"));
         w(2, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
         w(3, "float sacc = 0.0f;");
+        w(3, "if (vectors && warp < row_jobs) {");
+        job(&mut w, 4, ("srow", "(unsigned int)warp / n_chunks", "(unsigned int)warp % n_chunks"), "f_");
+        fetch(&mut w, 4);
+        w(3, "}");
         w(3, &format!("for (unsigned int job = (unsigned int)warp; job < (unsigned int)row_jobs; job += {wa}u) {{"));
         job(&mut w, 4, ("srow", "job / n_chunks", "job % n_chunks"), "");
         w(4, "if (vectors) {");
-        w(5, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + src);");
-        w(5, "for (unsigned int i = lane; i < (len >> 4); i += 32u) ((uint4*)ds4_stage_w)[i] = s4[i];");
+        store(&mut w, 5);
+        w(5, "__syncwarp();");
+        w(5, &format!("if (job + {wa}u < (unsigned int)row_jobs) {{"));
+        job(&mut w, 6, ("srow", &format!("(job + {wa}u) / n_chunks"), &format!("(job + {wa}u) % n_chunks")), "f_");
+        fetch(&mut w, 6);
+        w(5, "}");
         w(4, "} else {");
         w(5, byte_copy);
+        w(5, "__syncwarp();");
         w(4, "}");
-        w(4, "__syncwarp();");
         chunk_dot(&mut w, 4, "sacc")?;
         w(3, "}");
         w(3, "for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);");
@@ -174,15 +194,10 @@ impl Lower<'_> {
             "const unsigned long long n_rows = first_row < n ? (n - first_row + row_step - 1ull) / row_step : 0ull;".into(),
             "const unsigned long long jobs = n_rows * row_jobs;".into(),
             "float acc = 0.0f;".into(),
-            format!("uint4 pf[{pf}];"),
             "unsigned int j_c = 0u, j_p = 0u, j_r = 0u;".into(),
         ] {
             w(1, &l);
         }
-        let fetch = |w: &mut dyn FnMut(usize, &str), depth: usize| {
-            w(depth, "const uint4* __restrict__ s4 = (const uint4*)(ds4_w + f_src);");
-            w(depth, &format!("#pragma unroll\n{}for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (f_len >> 4)) pf[q] = s4[i]; }}", "    ".repeat(depth)));
-        };
         w(1, "if (vectors && jobs > 0ull) {");
         job(&mut w, 2, ("first_row", "0u", "0u"), "f_");
         fetch(&mut w, 2);
@@ -192,7 +207,7 @@ impl Lower<'_> {
         w(2, "unsigned int n_c = j_c + 1u, n_p = j_p, n_r = j_r;");
         w(2, "if (n_c == n_chunks) { n_c = 0u; n_p += 1u; if (n_p == (unsigned int)picks) { n_p = 0u; n_r += 1u; } }");
         w(2, "if (vectors) {");
-        w(3, &format!("#pragma unroll\n            for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) ((uint4*)ds4_stage_w)[i] = pf[q]; }}"));
+        store(&mut w, 3);
         w(3, "__syncwarp();");
         // The next job's loads go out before this one's arithmetic.
         w(3, "if (jb + 1ull < jobs) {");

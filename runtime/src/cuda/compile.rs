@@ -36,6 +36,8 @@ pub struct Loaded {
     pub params: Vec<(String, ParamSig)>,
     /// Threads per block the kernel is written for.
     pub threads: u32,
+    /// The most threads a block of it can have (its registers allow; at most 1024).
+    pub max_threads: u32,
     /// An item may be spread over several blocks along y (`ds4_codegen::splits_items`).
     pub splits_items: bool,
     /// Works on its item's output in dynamic shared memory when a launch gives it room
@@ -170,7 +172,8 @@ impl Kernels {
                 // Past 48 KiB a kernel must ask for its dynamic shared memory.
                 func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
             }
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
+            let max_threads = func.max_threads_per_block()?.max(u.threads as i32) as u32;
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, max_threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
         }
         Ok(Kernels { by_name, target })
     }

@@ -130,17 +130,29 @@ impl GpuExecutor<'_> {
         self.call_threads(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), self.op_threads(k, items, work.0), k.shared_for(out_len), &all)
     }
 
-    /// Threads per block of an op kernel over `items` items of `work` parallel iterations:
-    /// the kernel's own, but where there are many items (a prefill) about four iterations
-    /// a thread, at least a warp. A block of 512 threads for a RoPE or norm of 512 values
-    /// left most of its threads idle through the item's barriers and dependent steps;
-    /// smaller blocks put more items on an SM at once.
+    /// Threads per block of an op kernel over `items` items of `work` parallel iterations
+    /// (`DS4_OP_THREADS=full`: always the kernel's own):
+    /// - many items (a prefill): about four iterations a thread, at least a warp, at most
+    ///   the kernel's own. A block of 512 threads for a RoPE or norm of 512 values left
+    ///   most of its threads idle through the item's barriers and dependent steps; smaller
+    ///   blocks put more items on an SM at once.
+    /// - fewer items than SMs, each in one block (a decode step; the GPU is mostly idle):
+    ///   a thread per iteration, up to the most the kernel allows (a norm over 16384
+    ///   values in one block: 1024 threads), and one warp for small work (the
+    ///   hyper-connection mix's 24 values: its barriers then hold one warp, not 16).
     fn op_threads(&self, k: &Loaded, items: usize, work: usize) -> u32 {
         static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if items < 4 * self.dev.sms || *FULL.get_or_init(|| std::env::var("DS4_OP_THREADS").as_deref() == Ok("full")) {
+        if *FULL.get_or_init(|| std::env::var("DS4_OP_THREADS").as_deref() == Ok("full")) {
             return k.threads;
         }
-        ((work.div_ceil(4).div_ceil(32) * 32).max(32) as u32).min(k.threads)
+        let by_work = (work.div_ceil(4).div_ceil(32) * 32).max(32) as u32;
+        if items >= 4 * self.dev.sms {
+            by_work.min(k.threads)
+        } else if items < self.dev.sms && !k.splits_items {
+            ((work.div_ceil(32) * 32).max(32) as u32).min(k.max_threads)
+        } else {
+            k.threads
+        }
     }
 
     /// Blocks per item: one, but where a launch has fewer items than the GPU has SMs
