@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, render, Target};
+use crate::{cuda_attention, cuda_hc_mix, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,6 +67,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
     match op {
         // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims).
         Op::Attention { .. } => &[cuda_attention::NAME],
+        // hc_mix's Sinkhorn in one warp (nh² ≤ 32).
+        Op::HcMix { .. } => &[cuda_hc_mix::NAME],
         // x's bf16 parts for the tensor-core matmuls' element-term path.
         Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],
@@ -121,6 +123,7 @@ impl KernelSet {
             set.ops.insert(k.name.clone(), BTreeSet::new());
         }
         set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
         set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
@@ -162,11 +165,24 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source: render(&k, target) });
         entries.push(op_entry(&k, ops, &file, target));
     }
-    // The CUDA-only kernels (attention_tiled so far; other targets have none).
+    // The CUDA-only kernels (other targets have none).
     if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention::NAME), cuda_attention::source(target)) {
         let file = format!("{}.{ext}", cuda_attention::NAME);
         files.push(SourceFile { file: file.clone(), source });
         entries.push(tiled_attention_entry(ops, &file));
+    }
+    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_hc_mix::NAME), cuda_hc_mix::source(target)) {
+        let file = format!("{}.{ext}", cuda_hc_mix::NAME);
+        files.push(SourceFile { file: file.clone(), source });
+        let contract = cuda_hc_mix::contract();
+        let (dtypes, params) = params_json(&contract);
+        entries.push(format!(
+            "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": 5}}, \"shared_mem_bytes\": 0}}",
+            cuda_hc_mix::NAME,
+            json_list(ops.iter().copied()),
+            contract.name,
+            cuda_hc_mix::THREADS
+        ));
     }
     if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
         use quant::cuda_split;

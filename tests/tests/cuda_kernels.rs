@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -418,6 +418,53 @@ fn attention_tiled_matches_the_attention_partial_reference() {
         check(format!("full size: mode {comp_mode} nc {nc}"), &s, &mut r);
     }
     assert!(failures.is_empty(), "attention_tiled off the reference: {failures:?}");
+}
+
+/// `hc_mix_warp` (a warp per token) against the f64 `hc_mix` whose contract it shares, and
+/// bit for bit against the generated `hc_mix` (the same f32 operations in the same order):
+/// every nh that fits a warp, 1 to 25 Sinkhorn iterations.
+#[test]
+fn hc_mix_warp_matches_hc_mix() {
+    let Some(dev) = device() else { return };
+    let set = KernelSet { ops: [("hc_mix".to_string(), Default::default())].into(), cuda: [(cuda_hc_mix::NAME, Default::default())].into(), ..Default::default() };
+    let ks = Kernels::compile(&dev, &set).expect("hc_mix_warp compiles with NVRTC");
+    let (warp, generic) = (ks.get(cuda_hc_mix::NAME).unwrap(), ks.get("hc_mix").unwrap());
+    let k = cuda_hc_mix::contract();
+    let mut r = Rng(seed());
+    for nh in 1..=5 {
+        assert!(cuda_hc_mix::fits(nh));
+        let t = r.range(1, 40);
+        let mw = 2 * nh + nh * nh;
+        let args = vec![A::F(r.f32_floats(t * mw, -2.0, 2.0)), A::F(r.f32_floats(3, 0.5, 2.0)), A::F(r.f32_floats(mw, -1.0, 1.0)), A::U(nh), A::U(r.range(1, 26)), A::S(1e-6)];
+        let (n, bad, worst) = run_case_on(&dev, warp, t, &k, t, &args, false);
+        println!("hc_mix_warp nh {nh}, {t} tokens: {n} values, {bad} mismatches, worst rel {worst:.2e}");
+        assert_eq!(bad, 0, "hc_mix_warp off the f64 reference (nh {nh})");
+        // Both kernels on the same inputs: equal bit for bit.
+        let (mut ins, mut keep) = (Vec::new(), Vec::new());
+        for a in &args {
+            ins.push(match a {
+                A::F(v) => {
+                    let b = dev.upload(&v.iter().map(|&x| x as f32).collect::<Vec<f32>>()).unwrap();
+                    let p = b.ptr;
+                    keep.push(b);
+                    Arg::Ptr(p)
+                }
+                A::U(v) => Arg::U64(*v as u64),
+                A::S(v) => Arg::F32(*v as f32),
+                _ => unreachable!(),
+            });
+        }
+        let mut outs = Vec::new();
+        for (gpu, threads) in [(warp, warp.threads), (generic, generic.threads)] {
+            let out = dev.alloc(t * mw * 4).unwrap();
+            let mut all = vec![Arg::Ptr(out.ptr)];
+            all.extend(ins.iter().copied());
+            launch(&dev, &gpu.func, (t as u32, 1, 1), (threads, 1, 1), 0, &all).unwrap();
+            outs.push(out.read::<f32>(t * mw).unwrap());
+        }
+        let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "hc_mix_warp differs from the generated hc_mix (nh {nh})");
+    }
 }
 
 /// One CSA layer of a 2048-token prefill at full size (64 heads of 512; per token up to

@@ -138,7 +138,11 @@ pub fn indexer_combine<F: Real>(item: usize, out: &mut [F], dots: &[F], w: &[F],
 /// finite: the last of them marks the places after its own empty (and iteration 0, when
 /// no candidate is finite, all of them). Every place is written by one iteration and
 /// nothing is read back, so the iterations are independent: one loop that a GPU spreads
-/// over a block's threads, and at decode (one item) over several blocks.
+/// over a block's threads, and at decode (one item) over several blocks. The scan takes
+/// 8 scores a step (their loads independent: a GPU thread has them in flight together;
+/// one at a time, a candidate that scans the whole row waited out a load per score).
+/// Counting up to 7 scores past the k-th ahead changes nothing: such a candidate gets
+/// no place.
 #[ds4_macros::kernel(out = "k")]
 pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: usize) {
     let base = item * n;
@@ -156,14 +160,19 @@ pub fn top_k<F: Real>(item: usize, out: &mut [i32], scores: &[F], n: usize, k: u
             let mut finite = 0;
             let mut i = 0;
             while i < n && rank < k {
-                let t = scores[base + i];
-                if t > s || (t == s && i < j) {
-                    rank += 1;
+                for q in 0..8 {
+                    let iq = i + q;
+                    if iq < n {
+                        let t = scores[base + iq];
+                        if t > s || (t == s && iq < j) {
+                            rank += 1;
+                        }
+                        if t > F::neg_infinity() {
+                            finite += 1;
+                        }
+                    }
                 }
-                if t > F::neg_infinity() {
-                    finite += 1;
-                }
-                i += 1;
+                i += 8;
             }
             if rank < k {
                 out[rank] = j as i32;

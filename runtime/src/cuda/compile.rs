@@ -11,7 +11,7 @@ use super::device::{CudaError, Device};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use ds4_codegen::cuda_attention;
+use ds4_codegen::{cuda_attention, cuda_hc_mix};
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -138,6 +138,10 @@ impl Kernels {
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
             units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: cuda_attention::DYN_SHARED_BYTES, reads_x_parts: false });
+        }
+        if set.cuda.contains_key(cuda_hc_mix::NAME) {
+            let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;
+            units.push(Unit { name: cuda_hc_mix::NAME.into(), source, params: op_params(&cuda_hc_mix::contract()), splits_items: false, stages_out: false, threads: cuda_hc_mix::THREADS, dyn_shared: 0, reads_x_parts: false });
         }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;

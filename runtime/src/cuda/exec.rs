@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::cuda_attention;
+use ds4_codegen::{cuda_attention, cuda_hc_mix};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -470,7 +470,19 @@ impl GpuExecutor<'_> {
                 }
                 Op::HcMix { nh, iters, eps } => {
                     let mw = last(0);
-                    self.op("hc_mix", n_out, mw, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))])?
+                    let named = [("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))];
+                    // A warp per token where the nh × nh matrix fits one (cuda_hc_mix.rs).
+                    if cuda_hc_mix::fits(*nh) && self.kernels.by_name.contains_key(cuda_hc_mix::NAME) {
+                        let out = self.dev.alloc(n_out * 4)?;
+                        let mut all = vec![("out", Arg::Ptr(out.ptr))];
+                        all.extend_from_slice(&named);
+                        if n_out > 0 {
+                            self.call(cuda_hc_mix::NAME, ((n_out / mw) as u32, 1), &all)?;
+                        }
+                        GVal::F(DevSlice::whole(out, n_out))
+                    } else {
+                        self.op("hc_mix", n_out, mw, &named)?
+                    }
                 }
                 Op::HcHeadMix { nh, eps } => self.op("hc_head_mix", n_out, *nh, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("eps", fl(*eps))])?,
                 Op::HcCollapse { nh } => {

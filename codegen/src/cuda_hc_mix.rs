@@ -1,0 +1,123 @@
+//! `hc_mix_warp`: `hc_mix` for CUDA, written as CUDA text, one warp per token, with the
+//! same parameters and output and the same operations in the same order (so the same
+//! floats, bit for bit, as the generated `hc_mix`).
+//!
+//! The mix's Sinkhorn normalization runs `2·iters` dependent passes over an nh × nh
+//! matrix (DS4: 4 × 4, 20 iterations). The generated kernel gives each pass's rows or
+//! columns to nh threads, which read, divide and write their nh entries one after another
+//! (the compiler cannot tell the loads from the stores apart) between block barriers:
+//! ~17 µs a call on the H200, 86 calls a decode step. Here lane `i·nh + j` holds entry
+//! (i, j) in a register: a pass is nh shuffles, the same left-to-right sum, and one
+//! division per lane, with no barrier and no memory. It needs nh² ≤ 32 ([`fits`]); the
+//! runtime runs the generated kernel otherwise.
+
+use crate::Target;
+use ds4_ir::kir::Kernel;
+
+/// The kernel's entry point.
+pub const NAME: &str = "hc_mix_warp";
+/// Threads per block: one warp, a block per token.
+pub const THREADS: u32 = 32;
+
+/// Whether a mix of `nh` streams fits a warp (a lane per entry of the nh × nh matrix).
+pub fn fits(nh: usize) -> bool {
+    nh >= 1 && nh * nh <= THREADS as usize
+}
+
+/// The IR kernel whose parameters and output layout `hc_mix_warp` shares.
+pub fn contract() -> Kernel {
+    ds4_ir::kernels::hc::hc_mix_kir()
+}
+
+/// The kernel's CUDA source for a CUDA target (`None` for the others).
+pub fn source(target: Target) -> Option<String> {
+    let sm = match target {
+        Target::CudaSm90 => 90,
+        Target::CudaSm120 => 120,
+        _ => return None,
+    };
+    let dialect = crate::cuda::Cuda { sm };
+    let mut s = format!("// {NAME}: written as CUDA text in ds4-codegen (codegen/src/cuda_hc_mix.rs), target cuda-sm{sm}.\n");
+    s.push_str("typedef unsigned long long usize;\n");
+    s.push_str(HELPERS);
+    s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({THREADS}) {NAME}({}) {{\n", dialect.params(&contract())));
+    s.push_str(BODY);
+    s.push_str("}\n");
+    Some(s)
+}
+
+const HELPERS: &str = r#"
+__device__ __forceinline__ float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// Σ over q < nh of lane (first + q·step)'s v, added left to right (the reference's order).
+__device__ __forceinline__ float ds4_lane_sum(const float v, const unsigned int first, const unsigned int step, const unsigned int nh) {
+    float s = 0.0f;
+    for (unsigned int q = 0; q < nh; q++) {
+        s += __shfl_sync(0xffffffffu, v, (first + q * step) & 31u);
+    }
+    return s;
+}
+"#;
+
+const BODY: &str = r#"    const usize item = blockIdx.x;
+    const unsigned int lane = threadIdx.x;
+    const unsigned int h = (unsigned int)nh;
+    const usize mw = 2 * nh + nh * nh;
+    const usize mo = item * mw;
+    float* const o = out + item * mw;
+    if (lane < h) {
+        o[lane] = sigmoid(m[mo + lane] * scale[0] + base[lane]) + eps;
+        o[h + lane] = 2.0f * sigmoid(m[mo + h + lane] * scale[1] + base[h + lane]);
+    }
+    // This lane's entry (i, j) of comb (lanes past nh² compute on -inf and write nothing).
+    const bool on = lane < h * h;
+    const unsigned int i = lane / h;
+    const unsigned int j = lane % h;
+    const usize k = 2 * nh + lane;
+    const float logit = on ? m[mo + k] * scale[2] + base[k] : __int_as_float(0xff800000);
+    // Softmax over row i, plus eps.
+    float mx = __int_as_float(0xff800000);
+    for (unsigned int q = 0; q < h; q++) {
+        mx = fmaxf(mx, __shfl_sync(0xffffffffu, logit, (i * h + q) & 31u));
+    }
+    const float e = expf(logit - mx);
+    float v = e / ds4_lane_sum(e, i * h, 1u, h) + eps;
+    // Columns first, then iters - 1 rounds of rows then columns.
+    v = v / (ds4_lane_sum(v, j, h, h) + eps);
+    for (usize it = 1; it < iters; it++) {
+        v = v / (ds4_lane_sum(v, i * h, 1u, h) + eps);
+        v = v / (ds4_lane_sum(v, j, h, h) + eps);
+    }
+    if (on) {
+        o[k] = v;
+    }
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parameter list, as text, of a CUDA source's entry point `name`.
+    fn signature<'s>(src: &'s str, name: &str) -> &'s str {
+        let start = src.find(&format!("{name}(")).unwrap() + name.len() + 1;
+        &src[start..start + src[start..].find(')').unwrap()]
+    }
+
+    #[test]
+    fn takes_the_parameters_of_hc_mix() {
+        for target in [Target::CudaSm90, Target::CudaSm120] {
+            let warp = source(target).unwrap();
+            let generic = crate::render(&contract(), target);
+            assert_eq!(signature(&warp, NAME), signature(&generic, "hc_mix"));
+        }
+        assert!(source(Target::Wgsl).is_none());
+    }
+
+    #[test]
+    fn fits_up_to_a_warp_of_entries() {
+        assert!(fits(1) && fits(4) && fits(5));
+        assert!(!fits(0) && !fits(6));
+    }
+}
