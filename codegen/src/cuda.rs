@@ -275,3 +275,43 @@ __device__ __forceinline__ void ds4_cp_wait() {
 "#;
 
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
+
+/// A kernel written as CUDA text with an IR kernel's contract (`cuda_attention.rs`,
+/// `cuda_hc_mix.rs`): a header naming its `file`, `preamble` (constants, helpers), the
+/// entry point `name` with `contract`'s parameters under `__launch_bounds__(bounds)`, and
+/// `body`. None for the targets that are not CUDA.
+pub(crate) fn text_kernel(target: crate::Target, name: &str, file: &str, preamble: &str, bounds: &str, contract: &Kernel, body: &str) -> Option<String> {
+    use crate::Target;
+    let sm = match target {
+        Target::CudaSm90 => 90,
+        Target::CudaSm120 => 120,
+        _ => return None,
+    };
+    let mut s = format!("// {name}: written as CUDA text in ds4-codegen ({file}), target cuda-sm{sm}.\n");
+    s.push_str("typedef unsigned long long usize;\n");
+    s.push_str(preamble);
+    s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n", Cuda { sm }.params(contract)));
+    s.push_str(body);
+    s.push_str("}\n");
+    Some(s)
+}
+
+/// Test support for the CUDA-text kernels that take an IR kernel's contract
+/// (`cuda_attention.rs`, `cuda_hc_mix.rs`): the entry point `name` of `source` has the
+/// generated kernel's parameter list on every CUDA target, and no other target has it.
+#[cfg(test)]
+pub(crate) fn assert_takes_contract(source: fn(crate::Target) -> Option<String>, name: &str, contract: &Kernel) {
+    use crate::Target;
+    fn signature<'s>(src: &'s str, name: &str) -> &'s str {
+        let start = src.find(&format!("{name}(")).unwrap() + name.len() + 1;
+        &src[start..start + src[start..].find(')').unwrap()]
+    }
+    for target in [Target::CudaSm90, Target::CudaSm120] {
+        let text = source(target).unwrap();
+        let generated = crate::render(contract, target);
+        assert_eq!(signature(&text, name), signature(&generated, &contract.name), "{name} on {target}");
+    }
+    for target in [Target::Cpu, Target::Wgsl, Target::Metal] {
+        assert!(source(target).is_none(), "{name} on {target}");
+    }
+}

@@ -91,14 +91,7 @@ pub fn blocks(tokens: usize, heads: usize, nc: usize) -> usize {
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    let sm = match target {
-        Target::CudaSm90 => 90,
-        Target::CudaSm120 => 120,
-        _ => return None,
-    };
-    let dialect = crate::cuda::Cuda { sm };
-    let mut s = format!("// {NAME}: written as CUDA text in ds4-codegen (codegen/src/cuda_attention.rs), target cuda-sm{sm}.\n");
-    s.push_str("typedef unsigned long long usize;\n");
+    let mut s = String::new();
     for (name, v) in [
         ("TILE_HEADS", TILE_HEADS),
         ("TILE_ROWS", TILE_ROWS),
@@ -113,10 +106,7 @@ pub fn source(target: Target) -> Option<String> {
     }
     s.push_str(crate::cuda::CP_ASYNC);
     s.push_str(HELPERS);
-    s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({THREADS}, 2) {NAME}({}) {{\n", dialect.params(&contract())));
-    s.push_str(BODY);
-    s.push_str("}\n");
-    Some(s)
+    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_attention.rs", &s, &format!("{THREADS}, 2"), &contract(), BODY)
 }
 
 const HELPERS: &str = r#"
@@ -468,26 +458,9 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
 mod tests {
     use super::*;
 
-    /// The parameter list, as text, of a CUDA source's entry point `name`.
-    fn signature<'s>(src: &'s str, name: &str) -> &'s str {
-        let start = src.find(&format!("{name}(")).unwrap() + name.len() + 1;
-        &src[start..start + src[start..].find(')').unwrap()]
-    }
-
     #[test]
     fn takes_the_parameters_of_attention_partial() {
-        for target in [Target::CudaSm90, Target::CudaSm120] {
-            let tiled = source(target).unwrap();
-            let partial = crate::render(&contract(), target);
-            assert_eq!(signature(&tiled, NAME), signature(&partial, "attention_partial"));
-        }
-    }
-
-    #[test]
-    fn is_cuda_only() {
-        for target in [Target::Cpu, Target::Wgsl, Target::Metal] {
-            assert!(source(target).is_none());
-        }
+        crate::cuda::assert_takes_contract(source, NAME, &contract());
     }
 
     #[test]

@@ -31,19 +31,7 @@ pub fn contract() -> Kernel {
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    let sm = match target {
-        Target::CudaSm90 => 90,
-        Target::CudaSm120 => 120,
-        _ => return None,
-    };
-    let dialect = crate::cuda::Cuda { sm };
-    let mut s = format!("// {NAME}: written as CUDA text in ds4-codegen (codegen/src/cuda_hc_mix.rs), target cuda-sm{sm}.\n");
-    s.push_str("typedef unsigned long long usize;\n");
-    s.push_str(HELPERS);
-    s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({THREADS}) {NAME}({}) {{\n", dialect.params(&contract())));
-    s.push_str(BODY);
-    s.push_str("}\n");
-    Some(s)
+    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_hc_mix.rs", HELPERS, &THREADS.to_string(), &contract(), BODY)
 }
 
 const HELPERS: &str = r#"
@@ -99,20 +87,9 @@ const BODY: &str = r#"    const usize item = blockIdx.x;
 mod tests {
     use super::*;
 
-    /// The parameter list, as text, of a CUDA source's entry point `name`.
-    fn signature<'s>(src: &'s str, name: &str) -> &'s str {
-        let start = src.find(&format!("{name}(")).unwrap() + name.len() + 1;
-        &src[start..start + src[start..].find(')').unwrap()]
-    }
-
     #[test]
     fn takes_the_parameters_of_hc_mix() {
-        for target in [Target::CudaSm90, Target::CudaSm120] {
-            let warp = source(target).unwrap();
-            let generic = crate::render(&contract(), target);
-            assert_eq!(signature(&warp, NAME), signature(&generic, "hc_mix"));
-        }
-        assert!(source(Target::Wgsl).is_none());
+        crate::cuda::assert_takes_contract(source, NAME, &contract());
     }
 
     #[test]
