@@ -342,6 +342,12 @@ pub trait QuantSyntax {
     fn shared_table(&self, _name: &str, _ty: Ty, _word: Word, _len: usize) -> Option<String> {
         None
     }
+    /// `ds4_f16_to_f32_dot`: the conversion for values that only feed dot products (the
+    /// same for every half but NaNs, whose payloads it need not keep), where the target
+    /// has a faster one than `ds4_f16_to_f32`.
+    fn f16_to_f32_dot_fn(&self) -> Option<&'static str> {
+        None
+    }
     /// A faster definition of `ds4_f16_to_f32` with the same results (bit for bit),
     /// where the target has a conversion instruction.
     fn f16_to_f32_fn(&self) -> Option<&'static str> {
@@ -377,7 +383,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None, dot: false };
     src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
@@ -470,6 +476,9 @@ struct Lower<'a> {
     /// Inside a run whose byte reads are hoisted (`runs.rs`, `Lower::run_byte_words`):
     /// the element's index in the run, a literal.
     run_elem: Option<u64>,
+    /// The values only feed dot products: a NaN makes the sum NaN whatever its bits, so
+    /// halves convert without keeping NaN payloads (`QuantSyntax::f16_to_f32_dot_fn`).
+    dot: bool,
 }
 
 /// Elements of a table's shared-memory copy: byte tables are read in words where a run's
@@ -668,6 +677,7 @@ impl Lower<'_> {
         let v = self.expr(a)?;
         Ok(match (from, t) {
             (f, t) if f == t => v,
+            (Ty::F16, Ty::F32) if self.dot && s.f16_to_f32_dot_fn().is_some() => s.call("ds4_f16_to_f32_dot", &[v], None),
             (Ty::F16, Ty::F32) => s.call("ds4_f16_to_f32", &[v], None),
             (Ty::F32, t) if t.is_int() => self.wrap(t, s.cast(word_of(t), &v)),
             (Ty::Bool, t) if t.is_int() => s.select(&v, &s.int_lit(word_of(t), 1), &s.int_lit(word_of(t), 0)),
@@ -695,6 +705,9 @@ impl Lower<'_> {
                 _ => (0..t.len()).map(|i| self.int_const(t.ty, t.bits(i))).collect(),
             };
             out.push_str(&s.table(&format!("T_{}", t.name), w, &values));
+        }
+        if let Some(f) = s.f16_to_f32_dot_fn() {
+            out.push_str(f);
         }
         if let Some(f) = s.f16_to_f32_fn() {
             out.push_str(f);

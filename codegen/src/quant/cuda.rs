@@ -189,10 +189,24 @@ impl QuantSyntax for CudaQuant {
         Some(F16_TO_F32)
     }
 
+    /// The hardware conversion alone (NaNs come out as the canonical NaN): ~4 fewer
+    /// instructions an element in the F16 mat-vecs and matmuls.
+    fn f16_to_f32_dot_fn(&self) -> Option<&'static str> {
+        Some(F16_TO_F32_DOT)
+    }
+
     fn block_sum_helper(&self) -> &'static str {
         crate::cuda::BLOCK_SUM
     }
 }
+
+const F16_TO_F32_DOT: &str = "__device__ __forceinline__ float ds4_f16_to_f32_dot(const unsigned int h) {
+    float f;
+    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"((unsigned short)h));
+    return f;
+}
+
+";
 
 const F16_TO_F32: &str = "__device__ __forceinline__ float ds4_f16_to_f32(const unsigned int h) {
     float f;

@@ -111,7 +111,7 @@ impl Lower<'_> {
         };
         // The staged chunk's dot with x into `part`, then the pick's share into `acc`; the
         // buffer is rewritten only after every lane has read it.
-        let staged = Lower { wbuf: "ds4_stage_w", words: true, ..*self };
+        let staged = Lower { wbuf: "ds4_stage_w", words: true, dot: true, ..*self };
         // 32-bit index math inside the staged chunk (`Lower::iw`).
         let walk = Walk { first: "lane", stride: "32u", elems: "cn", bytes_at: "0u", x_at: "ce0" };
         let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str| -> Result<(), QuantGenError> {
