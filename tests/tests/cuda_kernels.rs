@@ -245,12 +245,12 @@ fn error_floor(kernel: &str) -> f64 {
 }
 
 fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
-    run_case_on(dev, ks.get(&k.name).unwrap(), items, k, items, args, true)
+    run_case_on(dev, ks.get(&k.name).unwrap(), items, k, items, args)
 }
 
 /// `run_case` with `gpu`, launched over `blocks` blocks, for kernel `k`'s reference: a
 /// kernel with `k`'s parameters and output but its own launch.
-fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items: usize, args: &[A], any_block: bool) -> (usize, usize, f64) {
+fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
     let kargs: Vec<KArg<'_, f64>> = args
         .iter()
         .map(|a| match a {
@@ -295,9 +295,8 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
     let shared = if items % 2 == 0 { gpu.shared_for(len) } else { gpu.dyn_shared };
     // Op kernels stride their loops by the block, and the executor gives a prefill's
     // launches other blocks than the kernel's own: some cases run with 32 to 128 threads,
-    // or the most the kernel allows (`any_block`: a generated op kernel, not a CUDA-text
-    // one with its own layout).
-    let threads = if any_block { [gpu.threads, 32, 64, 128, gpu.max_threads][items % 5].min(gpu.max_threads) } else { gpu.threads };
+    // or the most the kernel allows (a generated op kernel; a CUDA-text one keeps its own).
+    let threads = if gpu.any_block { [gpu.threads, 32, 64, 128, gpu.max_threads][items % 5].min(gpu.max_threads) } else { gpu.threads };
     launch(dev, &gpu.func, (blocks as u32, splits as u32, 1), (threads, 1, 1), shared, &dargs).unwrap();
     dev.synchronize().unwrap();
     let (_, elem) = k.out();
@@ -399,7 +398,7 @@ fn attention_tiled_matches_the_attention_partial_reference() {
     let mut failures = Vec::new();
     let mut check = |label: String, s: &AttnShape, r: &mut Rng| {
         let (items, args) = attention_args(r, s);
-        let (n, bad, worst) = run_case_on(&dev, tiled, cuda_attention::blocks(s.t, s.heads, s.nc), &k, items, &args, false);
+        let (n, bad, worst) = run_case_on(&dev, tiled, cuda_attention::blocks(s.t, s.heads, s.nc), &k, items, &args);
         println!("{label:<44} {n:>9} values {bad:>5} mismatches, worst rel {worst:.2e}{}", if bad > 0 { "  FAIL" } else { "" });
         if bad > 0 {
             failures.push(label);
@@ -436,7 +435,7 @@ fn hc_mix_warp_matches_hc_mix() {
         let t = r.range(1, 40);
         let mw = 2 * nh + nh * nh;
         let args = vec![A::F(r.f32_floats(t * mw, -2.0, 2.0)), A::F(r.f32_floats(3, 0.5, 2.0)), A::F(r.f32_floats(mw, -1.0, 1.0)), A::U(nh), A::U(r.range(1, 26)), A::S(1e-6)];
-        let (n, bad, worst) = run_case_on(&dev, warp, t, &k, t, &args, false);
+        let (n, bad, worst) = run_case_on(&dev, warp, t, &k, t, &args);
         println!("hc_mix_warp nh {nh}, {t} tokens: {n} values, {bad} mismatches, worst rel {worst:.2e}");
         assert_eq!(bad, 0, "hc_mix_warp off the f64 reference (nh {nh})");
         // Both kernels on the same inputs: equal bit for bit.

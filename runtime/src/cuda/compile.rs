@@ -36,7 +36,11 @@ pub struct Loaded {
     pub params: Vec<(String, ParamSig)>,
     /// Threads per block the kernel is written for.
     pub threads: u32,
-    /// The most threads a block of it can have (its registers allow; at most 1024).
+    /// A generated op kernel: its loops stride by the block, so a launch may give it any
+    /// whole number of warps (`exec.rs`, `op_threads`); the others take `threads`.
+    pub any_block: bool,
+    /// The most threads a block of it can have: its registers' limit (at most 1024) for an
+    /// `any_block` kernel, else `threads`.
     pub max_threads: u32,
     /// An item may be spread over several blocks along y (`ds4_codegen::splits_items`).
     pub splits_items: bool,
@@ -107,6 +111,7 @@ fn quant_params(params: &[QParam]) -> Vec<(String, ParamSig)> {
 /// One source to compile.
 struct Unit {
     name: String,
+    any_block: bool,
     source: String,
     params: Vec<(String, ParamSig)>,
     threads: u32,
@@ -125,6 +130,7 @@ impl Kernels {
             if set.ops.contains_key(&k.name) {
                 units.push(Unit {
                     name: k.name.clone(),
+                    any_block: true,
                     source: ds4_codegen::render(&k, target),
                     params: op_params(&k),
                     threads: ds4_codegen::block_threads(&k, target),
@@ -137,15 +143,15 @@ impl Kernels {
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: cuda_attention::DYN_SHARED_BYTES, reads_x_parts: false });
+            units.push(Unit { name: cuda_attention::NAME.into(), any_block: false, source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: cuda_attention::DYN_SHARED_BYTES, reads_x_parts: false });
         }
         if set.cuda.contains_key(cuda_hc_mix::NAME) {
             let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;
-            units.push(Unit { name: cuda_hc_mix::NAME.into(), source, params: op_params(&cuda_hc_mix::contract()), splits_items: false, stages_out: false, threads: cuda_hc_mix::THREADS, dyn_shared: 0, reads_x_parts: false });
+            units.push(Unit { name: cuda_hc_mix::NAME.into(), any_block: false, source, params: op_params(&cuda_hc_mix::contract()), splits_items: false, stages_out: false, threads: cuda_hc_mix::THREADS, dyn_shared: 0, reads_x_parts: false });
         }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;
-            units.push(Unit { name: cuda_split::NAME.into(), source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0, reads_x_parts: false });
+            units.push(Unit { name: cuda_split::NAME.into(), any_block: false, source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0, reads_x_parts: false });
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {
@@ -176,8 +182,8 @@ impl Kernels {
                 // Past 48 KiB a kernel must ask for its dynamic shared memory.
                 func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
             }
-            let max_threads = func.max_threads_per_block()?.max(u.threads as i32) as u32;
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, max_threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
+            let max_threads = if u.any_block { func.max_threads_per_block()? as u32 } else { u.threads };
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, any_block: u.any_block, max_threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
         }
         Ok(Kernels { by_name, target })
     }
@@ -190,5 +196,5 @@ impl Kernels {
 fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit, CudaError> {
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
-    Ok(Unit { params: quant_params(&k.params), name: k.name, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared, reads_x_parts: k.reads_x_parts })
+    Ok(Unit { params: quant_params(&k.params), name: k.name, any_block: false, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared, reads_x_parts: k.reads_x_parts })
 }

@@ -131,7 +131,8 @@ impl GpuExecutor<'_> {
     }
 
     /// Threads per block of an op kernel over `items` items of `work` parallel iterations
-    /// (`DS4_OP_THREADS=full`: always the kernel's own):
+    /// (the kernel's own for a CUDA-text kernel with a fixed layout, and always with
+    /// `DS4_OP_THREADS=full`):
     /// - many items (a prefill): about four iterations a thread, at least a warp, at most
     ///   the kernel's own. A block of 512 threads for a RoPE or norm of 512 values left
     ///   most of its threads idle through the item's barriers and dependent steps; smaller
@@ -142,14 +143,15 @@ impl GpuExecutor<'_> {
     ///   hyper-connection mix's 24 values: its barriers then hold one warp, not 16).
     fn op_threads(&self, k: &Loaded, items: usize, work: usize) -> u32 {
         static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *FULL.get_or_init(|| std::env::var("DS4_OP_THREADS").as_deref() == Ok("full")) {
+        if !k.any_block || *FULL.get_or_init(|| std::env::var("DS4_OP_THREADS").as_deref() == Ok("full")) {
             return k.threads;
         }
-        let by_work = (work.div_ceil(4).div_ceil(32) * 32).max(32) as u32;
+        // Whole warps giving each thread `per_thread` of the item's iterations.
+        let for_work = |per_thread: usize| (work.div_ceil(per_thread).div_ceil(32) * 32).max(32) as u32;
         if items >= 4 * self.dev.sms {
-            by_work.min(k.threads)
+            for_work(4).min(k.threads)
         } else if items < self.dev.sms && !k.splits_items {
-            ((work.div_ceil(32) * 32).max(32) as u32).min(k.max_threads)
+            for_work(1).min(k.max_threads)
         } else {
             k.threads
         }
@@ -471,18 +473,10 @@ impl GpuExecutor<'_> {
                 Op::HcMix { nh, iters, eps } => {
                     let mw = last(0);
                     let named = [("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))];
-                    // A warp per token where the nh × nh matrix fits one (cuda_hc_mix.rs).
-                    if cuda_hc_mix::fits(*nh) && self.kernels.by_name.contains_key(cuda_hc_mix::NAME) {
-                        let out = self.dev.alloc(n_out * 4)?;
-                        let mut all = vec![("out", Arg::Ptr(out.ptr))];
-                        all.extend_from_slice(&named);
-                        if n_out > 0 {
-                            self.call(cuda_hc_mix::NAME, ((n_out / mw) as u32, 1), &all)?;
-                        }
-                        GVal::F(DevSlice::whole(out, n_out))
-                    } else {
-                        self.op("hc_mix", n_out, mw, &named)?
-                    }
+                    // A warp per token where the nh × nh matrix fits one (cuda_hc_mix.rs: the
+                    // same contract, launched as the op kernel is, a block of its own size).
+                    let warp = cuda_hc_mix::fits(*nh) && self.kernels.by_name.contains_key(cuda_hc_mix::NAME);
+                    self.op(if warp { cuda_hc_mix::NAME } else { "hc_mix" }, n_out, mw, &named)?
                 }
                 Op::HcHeadMix { nh, eps } => self.op("hc_head_mix", n_out, *nh, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("eps", fl(*eps))])?,
                 Op::HcCollapse { nh } => {
