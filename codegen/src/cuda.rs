@@ -258,7 +258,6 @@ pub fn stages_output(k: &Kernel) -> bool {
     crate::render::reads_output(k)
 }
 
-/// The largest item output (bytes) a launch stages in shared memory.
 /// 16-byte copies global -> shared memory that travel while the kernel computes
 /// (`cp.async`, sm_80 and later): the tensor-core matmuls' and `attention_tiled`'s staging.
 pub(crate) const CP_ASYNC: &str = r#"// 16 bytes global -> shared without passing through registers; the first `bytes` come
@@ -274,6 +273,7 @@ __device__ __forceinline__ void ds4_cp_wait() {
 
 "#;
 
+/// The largest item output (bytes) a launch stages in shared memory.
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
 
 /// A kernel written as CUDA text with an IR kernel's contract (`cuda_attention.rs`,

@@ -20,9 +20,13 @@ pub const NAME: &str = "hc_mix_warp";
 /// Threads per block: one warp, a block per token.
 pub const THREADS: u32 = 32;
 
-/// Whether a mix of `nh` streams fits a warp (a lane per entry of the nh × nh matrix).
+/// The most streams whose nh × nh matrix fits a warp, a lane per entry.
+pub const MAX_NH: usize = 5;
+const _: () = assert!(MAX_NH * MAX_NH <= THREADS as usize && (MAX_NH + 1) * (MAX_NH + 1) > THREADS as usize);
+
+/// Whether a mix of `nh` streams fits a warp.
 pub fn fits(nh: usize) -> bool {
-    nh >= 1 && nh * nh <= THREADS as usize
+    (1..=MAX_NH).contains(&nh)
 }
 
 /// The IR kernel whose parameters and output layout `hc_mix_warp` shares.

@@ -169,20 +169,19 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
     if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention::NAME), cuda_attention::source(target)) {
         let file = format!("{}.{ext}", cuda_attention::NAME);
         files.push(SourceFile { file: file.clone(), source });
-        entries.push(tiled_attention_entry(ops, &file));
+        let launch = format!(
+            "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}",
+            cuda_attention::TILE_HEADS,
+            cuda_attention::THREADS,
+            cuda_attention::MAX_HD
+        );
+        entries.push(contract_entry(cuda_attention::NAME, &cuda_attention::contract(), ops, &file, &launch, cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES));
     }
     if let (Some(ops), Some(source)) = (set.cuda.get(cuda_hc_mix::NAME), cuda_hc_mix::source(target)) {
         let file = format!("{}.{ext}", cuda_hc_mix::NAME);
         files.push(SourceFile { file: file.clone(), source });
-        let contract = cuda_hc_mix::contract();
-        let (dtypes, params) = params_json(&contract);
-        entries.push(format!(
-            "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": 5}}, \"shared_mem_bytes\": 0}}",
-            cuda_hc_mix::NAME,
-            json_list(ops.iter().copied()),
-            contract.name,
-            cuda_hc_mix::THREADS
-        ));
+        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH);
+        entries.push(contract_entry(cuda_hc_mix::NAME, &cuda_hc_mix::contract(), ops, &file, &launch, 0));
     }
     if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
         use quant::cuda_split;
@@ -286,19 +285,14 @@ fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target
     s
 }
 
-/// `attention_tiled`: `attention_partial`'s parameters and output, its own launch.
-fn tiled_attention_entry(ops: &BTreeSet<&'static str>, file: &str) -> String {
-    let contract = cuda_attention::contract();
-    let (dtypes, params) = params_json(&contract);
+/// A CUDA-text kernel with an IR kernel's contract (its parameters and output), its own
+/// `launch` (the JSON object's fields) and shared memory.
+fn contract_entry(name: &str, contract: &Kernel, ops: &BTreeSet<&'static str>, file: &str, launch: &str, shared: u32) -> String {
+    let (dtypes, params) = params_json(contract);
     format!(
-        "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}}}, \"shared_mem_bytes\": {}}}",
-        cuda_attention::NAME,
+        "    {{\"name\": \"{name}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{{launch}}}, \"shared_mem_bytes\": {shared}}}",
         json_list(ops.iter().copied()),
         contract.name,
-        cuda_attention::TILE_HEADS,
-        cuda_attention::THREADS,
-        cuda_attention::MAX_HD,
-        cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES
     )
 }
 

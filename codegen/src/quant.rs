@@ -481,6 +481,20 @@ struct Lower<'a> {
     dot: bool,
 }
 
+/// Greatest common divisor.
+pub(crate) fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Least common multiple (a whole number of blocks and of vectors or steps).
+pub(crate) fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
+}
+
 /// Elements of a table's shared-memory copy: byte tables are read in words where a run's
 /// bytes are hoisted (`runs.rs`), and the padding keeps the last word read inside it.
 pub(crate) fn staged_table_len(ty: Ty, len: usize) -> usize {

@@ -250,23 +250,11 @@ fn run_case(dev: &Arc<Device>, ks: &Kernels, k: &Kernel, items: usize, args: &[A
 
 /// `run_case` with `gpu`, launched over `blocks` blocks, for kernel `k`'s reference: a
 /// kernel with `k`'s parameters and output but its own launch.
-fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
-    let kargs: Vec<KArg<'_, f64>> = args
-        .iter()
-        .map(|a| match a {
-            A::F(v) => KArg::Buf(v),
-            A::I(v) => KArg::IntBuf(v),
-            A::U(v) => KArg::Usize(*v),
-            A::S(v) => KArg::F(*v),
-            A::B(v) => KArg::Bool(*v),
-        })
-        .collect();
-    let len = kir_eval::out_len(k, &kargs);
-    let n_out = items * len;
-    // Device side, in param order: output, then each argument.
-    let out = dev.alloc(n_out.max(1) * 4).unwrap();
+/// `k`'s inputs on the device, in parameter order (f64 buffers as f32), and the buffers
+/// to keep until the launches that read them are done.
+fn device_args(dev: &Arc<Device>, k: &Kernel, args: &[A]) -> (Vec<Arg>, Vec<ds4_runtime::cuda::DeviceBuf>) {
     let mut bufs = Vec::new();
-    let mut dargs = vec![Arg::Ptr(out.ptr)];
+    let mut dargs = Vec::new();
     for (a, p) in args.iter().zip(k.inputs()) {
         dargs.push(match (a, p.kind) {
             (A::F(v), _) => {
@@ -287,6 +275,27 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
             (A::B(v), _) => Arg::Bool(*v),
         });
     }
+    (dargs, bufs)
+}
+
+fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items: usize, args: &[A]) -> (usize, usize, f64) {
+    let kargs: Vec<KArg<'_, f64>> = args
+        .iter()
+        .map(|a| match a {
+            A::F(v) => KArg::Buf(v),
+            A::I(v) => KArg::IntBuf(v),
+            A::U(v) => KArg::Usize(*v),
+            A::S(v) => KArg::F(*v),
+            A::B(v) => KArg::Bool(*v),
+        })
+        .collect();
+    let len = kir_eval::out_len(k, &kargs);
+    let n_out = items * len;
+    // Device side, in param order: output, then each argument.
+    let out = dev.alloc(n_out.max(1) * 4).unwrap();
+    let (ins, _bufs) = device_args(dev, k, args);
+    let mut dargs = vec![Arg::Ptr(out.ptr)];
+    dargs.extend(ins);
     // Kernels that may spread an item over several blocks run with 1 to 3 of them (the
     // item count decides, so that cases vary).
     let splits = if gpu.splits_items { 1 + items % 3 } else { 1 };
@@ -439,20 +448,7 @@ fn hc_mix_warp_matches_hc_mix() {
         println!("hc_mix_warp nh {nh}, {t} tokens: {n} values, {bad} mismatches, worst rel {worst:.2e}");
         assert_eq!(bad, 0, "hc_mix_warp off the f64 reference (nh {nh})");
         // Both kernels on the same inputs: equal bit for bit.
-        let (mut ins, mut keep) = (Vec::new(), Vec::new());
-        for a in &args {
-            ins.push(match a {
-                A::F(v) => {
-                    let b = dev.upload(&v.iter().map(|&x| x as f32).collect::<Vec<f32>>()).unwrap();
-                    let p = b.ptr;
-                    keep.push(b);
-                    Arg::Ptr(p)
-                }
-                A::U(v) => Arg::U64(*v as u64),
-                A::S(v) => Arg::F32(*v as f32),
-                _ => unreachable!(),
-            });
-        }
+        let (ins, _bufs) = device_args(&dev, &k, &args);
         let mut outs = Vec::new();
         for (gpu, threads) in [(warp, warp.threads), (generic, generic.threads)] {
             let out = dev.alloc(t * mw * 4).unwrap();

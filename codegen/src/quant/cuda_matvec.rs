@@ -21,6 +21,7 @@
 //! rows (n · m below [`SPLIT_BELOW`]) instead gives each block one row at a time, its
 //! warps sharing the row's chunks.
 
+use super::lcm;
 use super::runs::{Token, Walk};
 use super::{Lower, QuantGenError};
 use std::fmt::Write;
@@ -50,20 +51,6 @@ pub const MIN_BLOCKS: u32 = 8;
 /// --matvec`, µs): 1 / 2 / 4: IQ2_XXS experts 42.5 / 41.1 / 41.5, Q2_K experts 46.1 /
 /// 43.3 / 43.7, Q8_0 unchanged within noise.
 pub const RUN_UNROLL: u32 = 2;
-
-/// Greatest common divisor.
-pub(super) fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-/// Least common multiple (a whole number of blocks and of vectors or steps).
-pub(super) fn lcm(a: u64, b: u64) -> u64 {
-    a / gcd(a, b) * b
-}
 
 impl Lower<'_> {
     /// The kernel body after `kernel_open` (and the tables' staging); the walk reads

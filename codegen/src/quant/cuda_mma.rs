@@ -79,7 +79,7 @@ pub(super) const STATIC_SHARED_BYTES: u64 = 64 * 8 + 64 * 8;
 /// blocks and whole 32-column steps, at least two steps (the pipeline loads a stage
 /// during the previous stage's first step and waits for it in its second).
 pub fn stage_elems(block_elems: u64) -> u64 {
-    super::cuda_matvec::lcm(block_elems, 64)
+    super::lcm(block_elems, 64)
 }
 
 /// Columns a slice of a split over k must be a multiple of for `spec` (a stage).

@@ -18,7 +18,7 @@ use super::{BufElem, QParam};
 pub const NAME: &str = "split_x_bf16x3";
 /// Threads per block: each takes 16 consecutive floats.
 pub const THREADS: u32 = 128;
-/// bf16 parts of x.
+/// bf16 parts of x (the source below writes these three: h, m, l).
 pub const PARTS: u64 = 3;
 
 /// Parameters in launch order.

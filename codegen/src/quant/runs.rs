@@ -549,9 +549,9 @@ impl Lower<'_> {
             divisors(self, e, &mut ds);
         }
         let (be, sb) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
-        match ds.into_iter().reduce(super::cuda_matvec::gcd) {
+        match ds.into_iter().reduce(super::gcd) {
             None => be,
-            Some(c) => super::cuda_matvec::gcd(sb * c, be),
+            Some(c) => super::gcd(sb * c, be),
         }
     }
 }
