@@ -30,7 +30,7 @@ pub mod cuda_split;
 mod metal;
 mod runs;
 
-pub use cuda_matvec::{MATVEC_WARPS, SPLIT_BELOW as MATVEC_SPLIT_BELOW};
+pub use cuda_matvec::{block_rows as matvec_block_rows, MATVEC_WARPS, SPLIT_BELOW as MATVEC_SPLIT_BELOW};
 pub use cuda_mma::{mma_k_unit, MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 
@@ -420,11 +420,12 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     }
     if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
         // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
+        src.push_str(crate::cuda::CP_ASYNC);
         src.push_str(&syn.kernel_open(&name, &params, 0, Some(cuda_matvec::MIN_BLOCKS)));
         stage(&mut src);
         src.push_str(&lower.staged_matvec_body()?);
         src.push_str("}\n");
-        let shared_bytes = (MATVEC_WARPS * (cuda_matvec::chunk_bytes(spec.block_bytes as u64) + WORDS_PAD)) as u32 + lower.staged_table_bytes() as u32;
+        let shared_bytes = (MATVEC_WARPS * cuda_matvec::warp_stage_bytes(spec.block_bytes as u64)) as u32 + lower.staged_table_bytes() as u32;
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, dynamic_shared: 0, reads_x_parts: false, source: src });
     }
     src.push_str(&syn.kernel_globals(&params, shared));

@@ -639,9 +639,11 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
     }
 }
 
-/// The mat-vec's pipelined path (rows 16-byte aligned, several shared-memory chunks per
-/// row) and its gathered form (the routed experts at decode: `picks` experts per token,
-/// chosen by `sel`, weighted by `wts`), against f64 dots of the de-quantized rows.
+/// The mat-vec's pipelined paths (rows 16-byte aligned, several shared-memory chunks per
+/// row; a warp's group of rows sharing x, or a block sharing a row) and its gathered form
+/// (the routed experts at decode: `picks` experts per token, chosen by `sel`, weighted by
+/// `wts`), sometimes grouped (row groups reading their own x, of a size that a warp's
+/// rows may straddle), against f64 dots of the de-quantized rows.
 #[test]
 fn matvec_on_aligned_rows_with_picks() {
     let Some(dev) = device() else { return };
@@ -662,7 +664,9 @@ fn matvec_on_aligned_rows_with_picks() {
         let k = t.block_elems() * unit * if many || r.next() % 2 == 0 { r.range(1, 3) } else { 4096 / (t.block_elems() * unit) + r.range(1, 3) };
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         assert_eq!(rb % 16, 0);
-        let n = if many { ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64) } else { r.range(1, 70) };
+        let groups = if many { r.range(1, 4) } else { 1 };
+        let n = if many { (ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64)).next_multiple_of(groups) } else { r.range(1, 70) };
+        let ng = n / groups;
         let (experts, tokens, picks) = (r.range(1, 5), r.range(1, 3), r.range(1, 4));
         let src: Vec<f32> = r.f32_floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
         let mut bytes = vec![0u8; experts * n * rb];
@@ -673,15 +677,16 @@ fn matvec_on_aligned_rows_with_picks() {
         for i in 0..experts * n {
             ds4_ir::quant::dequantize_row(t, &bytes[i * rb..][..rb], &mut wrows[i * k..(i + 1) * k]).unwrap();
         }
-        // x has a row per (token, pick) (x_div = 1), as the experts' gate/up mat-vec reads.
-        let x: Vec<f32> = r.f32_floats(tokens * picks * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        // x has a row per (token, pick) (x_div = 1), as the experts' gate/up mat-vec reads,
+        // and per row group.
+        let x: Vec<f32> = r.f32_floats(tokens * picks * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
         let sel: Vec<i32> = (0..tokens * picks).map(|_| r.range(0, experts) as i32).collect();
         let wts: Vec<f32> = r.f32_floats(tokens * picks, 0.1, 1.5).iter().map(|&v| v as f32).collect();
         let (w, xb, sb, wb) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap());
         let out = dev.alloc(tokens * n * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
         let row_blocks = r.range(1, n.div_ceil(4) + 1);
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(1), u(n), u(1), u(1), u(row_blocks)];
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(groups), u(ng), u(1), u(1), u(row_blocks)];
         launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
         let mut worst = 0f64;
@@ -691,7 +696,8 @@ fn matvec_on_aligned_rows_with_picks() {
                 for jp in 0..picks {
                     let p = ti * picks + jp;
                     let wr = &wrows[(sel[p] as usize * n + row) * k..][..k];
-                    for (a, b) in wr.iter().zip(&x[p * k..(p + 1) * k]) {
+                    let xr = p * groups + row / ng;
+                    for (a, b) in wr.iter().zip(&x[xr * k..(xr + 1) * k]) {
                         want += wts[p] as f64 * *a as f64 * *b as f64;
                         norm += (wts[p] as f64 * *a as f64 * *b as f64).abs();
                     }
@@ -699,7 +705,7 @@ fn matvec_on_aligned_rows_with_picks() {
                 worst = worst.max((got[ti * n + row] as f64 - want).abs() / norm.max(1e-30));
             }
         }
-        println!("{t}: aligned matvec worst |Δ|/Σ|w·x| {worst:.2e} ({n} rows × {k}, {rb} bytes a row, {tokens} tokens × {picks} picks of {experts} experts, {row_blocks} row blocks)");
+        println!("{t}: aligned matvec worst |Δ|/Σ|w·x| {worst:.2e} ({n} rows × {k} in {groups} groups, {rb} bytes a row, {tokens} tokens × {picks} picks of {experts} experts, {row_blocks} row blocks)");
         assert!(worst < 1e-5, "{t}: aligned matvec off by {worst}");
     }
 }

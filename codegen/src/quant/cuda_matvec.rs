@@ -1,50 +1,109 @@
-//! `matvec_<type>` on CUDA: a warp per weight row, the row staged in shared memory.
+//! `matvec_<type>` on CUDA: a warp per group of weight rows, staged in shared memory.
 //!
 //! Same contract as the generic mat-vec (`QuantKernelKind::MatVec`); what differs is how
 //! the bytes travel. A decode step is bandwidth-bound, and the generic kernel reads each
 //! element's bytes with a one-byte load from global memory and sums every row over the
 //! whole block (two barriers a row): on the H200 that reached 15-20% of the copy
 //! bandwidth. Here each warp:
-//! 1. copies a chunk of its row (whole blocks, at most [`chunk_bytes`]) into its own
-//!    shared-memory buffer with 16-byte loads, so that many wide loads are in flight;
-//! 2. walks the chunk with the same factored runs as every other dot product
-//!    (`Lower::weight_runs`), the declaration's fields read from the staged copy;
+//! 1. copies a chunk of each of its [`rows_per_warp`] rows (whole blocks, about 1 KiB:
+//!    [`row_chunk_bytes`]) into shared memory with 16-byte `cp.async` copies;
+//! 2. walks the chunks with the same factored runs as every other dot product
+//!    (`Lower::rows_runs`), the declaration's fields read from the staged copies, each x
+//!    element loaded once for all the rows (one row a warp, x's loads were four times
+//!    the Q8_0 weight bytes and bounded the kernel);
 //! 3. sums its lanes with shuffles: no block barrier per row.
 //!
-//! The warp's chunks (row by row, pick by pick, chunk by chunk) form one sequence of
-//! jobs, and the next job's bytes are loaded into registers while the current one is
-//! computed: the memory latency hides behind the arithmetic. Rows that are not 16-byte
+//! The warp's chunks (group by group, pick by pick, chunk by chunk) form one sequence of
+//! jobs in two stages: the next job's copies are in flight while the current one is
+//! computed, so the memory latency hides behind the arithmetic. Rows that are not 16-byte
 //! aligned (odd shapes of the tiny test models) take a plain loop with byte copies.
 //!
-//! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes rows b·WARPS + w,
+//! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes row groups b·WARPS + w,
 //! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row). A mat-vec with few
-//! rows (n · m below [`SPLIT_BELOW`]) instead gives each block one row at a time, its
-//! warps sharing the row's chunks.
+//! rows (n · m below [`SPLIT_BELOW`]), or whose row groups (a grouped mat-vec, each
+//! group reading its own x) a warp's rows would straddle, instead gives each block one
+//! row at a time, its warps sharing the row's chunks (`block_rows` tells the runtime).
+//!
+//! Measured on the H200 (`ds4 bench --matvec`, µs, one row a warp → four): the output
+//! head 319 → 226-233, `attn_q_b` 29.0 → 22.0-22.7, the routed experts' IQ2_XXS
+//! 41.6 → 30.3-31.6 and Q2_K 43.3 → 30.4-32.1; synthetic q2 decode at ctx 96
+//! 51.9 → 56.3-57.0 t/s. A block per group with its warps sharing the group's chunks,
+//! for launches of fewer than 4096 groups, measured slower (51.5 t/s; IQ2_XXS experts
+//! 42.2 µs) and is not kept.
 
 use super::lcm;
 use super::runs::{Token, Walk};
 use super::{Lower, QuantGenError};
 use std::fmt::Write;
 
-/// Warps (rows at a time) per block.
+/// Warps per block.
 pub const MATVEC_WARPS: u64 = 4;
 
-/// Bytes a warp stages at a time: the largest multiple of both the block size and 16
-/// (whole blocks, whole 16-byte vectors) that fits in 2 KiB; at least one block. Small
-/// enough that [`MIN_BLOCKS`] blocks fit an SM's shared memory, large enough that a
-/// lane has four 16-byte loads in flight.
+/// Bytes a warp stages at a time on the few-rows path: the largest multiple of both the
+/// block size and 16 (whole blocks, whole 16-byte vectors) that fits in 2 KiB; at least
+/// one block. Large enough that a lane has four 16-byte loads in flight.
 pub fn chunk_bytes(block_bytes: u64) -> u64 {
     let unit = lcm(block_bytes, 16);
     (2048 / unit).max(1) * unit
 }
 
+/// Bytes of each row a warp stages at a time on the many-rows path (two stages of
+/// [`rows_per_warp`] rows): whole blocks and vectors, about 1 KiB.
+pub fn row_chunk_bytes(block_bytes: u64) -> u64 {
+    let unit = lcm(block_bytes, 16);
+    (1024 / unit).max(1) * unit
+}
+
+/// Most rows a warp walks together on the many-rows path.
+pub const MAX_ROWS_PER_WARP: u64 = 4;
+
+/// Static shared memory the many-rows stages of a block may take.
+const ROW_STAGES_LIMIT: u64 = 36 * 1024;
+
+/// Rows a warp walks together on the many-rows path: each x element is loaded once for
+/// all of them. One row a warp loads four bytes of x per byte of Q8_0 weight, and that
+/// traffic bounded the kernel: measured on the H200 with a standalone kernel (Q8_0,
+/// 129280 × 4096), 1, 2, 4 rows a warp read 1.97, 3.27, 4.08 TB/s (x in shared memory
+/// for 4; the copy bandwidth 4.3). At most [`MAX_ROWS_PER_WARP`], fewer where two stages
+/// of that many row chunks would not fit [`ROW_STAGES_LIMIT`] (Q6_K's 1680-byte unit).
+pub fn rows_per_warp(block_bytes: u64) -> u64 {
+    let stage = row_chunk_bytes(block_bytes) + super::WORDS_PAD;
+    let mut r = MAX_ROWS_PER_WARP;
+    while r > 1 && MATVEC_WARPS * 2 * r * stage > ROW_STAGES_LIMIT {
+        r /= 2;
+    }
+    r
+}
+
+/// Bytes of shared memory each warp stages rows in: the few-rows path's chunk or the
+/// many-rows path's two stages, whichever is larger (the two paths share it).
+pub fn warp_stage_bytes(block_bytes: u64) -> u64 {
+    let few = chunk_bytes(block_bytes) + super::WORDS_PAD;
+    let many = 2 * rows_per_warp(block_bytes) * (row_chunk_bytes(block_bytes) + super::WORDS_PAD);
+    few.max(many)
+}
+
 /// Below this many rows (times blocks along y), a block of warps shares each row.
 pub const SPLIT_BELOW: u64 = 4096;
 
-/// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 32 warps, each with
-/// a chunk's loads in flight, keep the memory system busy (measured on the H200 with 6
-/// resident blocks, register-limited: 12-37% occupancy, 0.4-1.8 TB/s).
-pub const MIN_BLOCKS: u32 = 8;
+/// Rows one block covers at a time in a launch of `n` rows × `m` (its grid's y), row
+/// groups of `ng` rows (`groups` > 1: a grouped mat-vec, each group reading its own x):
+/// one on the few-rows path (few rows, or groups that a warp's rows would straddle),
+/// else a row group per warp. The kernel makes the same choice.
+pub fn block_rows(block_bytes: u64, n: u64, m: u64, groups: u64, ng: u64) -> u64 {
+    let r = rows_per_warp(block_bytes);
+    if n * m < SPLIT_BELOW || (groups > 1 && ng % r != 0) {
+        1
+    } else {
+        MATVEC_WARPS * r
+    }
+}
+
+/// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 24 warps, each with
+/// its next stage's copies in flight, at most 80 registers a thread (four rows' sums
+/// and sixteen staged buffers' addresses). Measured on the H200 (synthetic q2 decode at
+/// ctx 96, t/s): 4 / 6 / 8 blocks: 54.7 / 56.3 / 54.1.
+pub const MIN_BLOCKS: u32 = 6;
 
 /// Runs a lane's loop over the staged chunk takes per iteration (`#pragma unroll`): the
 /// next run's loads go out before this run's arithmetic. Measured on the H200 (`ds4 bench
@@ -52,13 +111,18 @@ pub const MIN_BLOCKS: u32 = 8;
 /// 43.3 / 43.7, Q8_0 unchanged within noise.
 pub const RUN_UNROLL: u32 = 2;
 
+/// Names of the staged rows' buffers on the many-rows path (`Lower::wbuf` is static).
+const ROW_BUFS: [&str; MAX_ROWS_PER_WARP as usize] = ["ds4_wr0", "ds4_wr1", "ds4_wr2", "ds4_wr3"];
+
 impl Lower<'_> {
     /// The kernel body after `kernel_open` (and the tables' staging); the walk reads
-    /// the fields through `ds4_stage_w` (see `Lower::wbuf`).
+    /// the fields through the staged buffers (see `Lower::wbuf`).
     pub(super) fn staged_matvec_body(&self) -> Result<String, QuantGenError> {
         let s = self.syn;
         let (bb, be) = (self.spec.block_bytes as u64, self.spec.block_elems as u64);
         let chunk = chunk_bytes(bb);
+        let (rchunk, rows) = (row_chunk_bytes(bb), rows_per_warp(bb));
+        let rstride = rchunk + super::WORDS_PAD;
         // 16-byte vectors per lane holding one chunk.
         let pf = chunk.div_ceil(16 * 32);
         let wa = MATVEC_WARPS;
@@ -67,12 +131,10 @@ impl Lower<'_> {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
         for l in [
-            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{}];", chunk + super::WORDS_PAD),
+            format!("__shared__ __align__(16) unsigned char ds4_stage[{wa}][{}];", warp_stage_bytes(bb)),
             "const unsigned int lane = (unsigned int)(ds4_tid & 31ull);".into(),
             "const unsigned long long warp = ds4_tid >> 5;".into(),
             "unsigned char* const ds4_stage_w = ds4_stage[warp];".into(),
-            format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1),
-            "const unsigned long long row_jobs = picks * n_chunks;".into(),
             // Every chunk starts 16-byte aligned when the weights and the rows do (device
             // allocations are; chunks are multiples of 16 bytes).
             "const bool vectors = ((((unsigned long long)ds4_w) | row_bytes) & 15ull) == 0ull;".into(),
@@ -82,46 +144,57 @@ impl Lower<'_> {
         // A job is one chunk (`c`) of one pick (`jp`) of a row: where its bytes start and
         // how many there are. A negative pick (top-k found fewer candidates than picks)
         // adds nothing; its job reads expert 0's row, a valid address.
-        let job = |w: &mut dyn FnMut(usize, &str), depth: usize, (row, jp, c): (&str, &str, &str), pre: &str| {
+        let job = |w: &mut dyn FnMut(usize, &str), depth: usize, (row, jp, c): (&str, &str, &str), pre: &str, size: u64| {
             for l in [
                 format!("const unsigned long long {pre}row = {row};"),
                 format!("const unsigned long long {pre}jp = {jp};"),
-                format!("const unsigned long long {pre}c0 = (unsigned long long)({c}) * {chunk}ull;"),
+                format!("const unsigned long long {pre}c0 = (unsigned long long)({c}) * {size}ull;"),
                 format!("const unsigned long long {pre}p = ds4_by * picks + {pre}jp;"),
                 format!("const int {pre}pick = has_sel != 0ull ? ds4_sel[{pre}p] : 0;"),
                 format!("const unsigned long long {pre}ex = {pre}pick >= 0 ? (unsigned long long){pre}pick : 0ull;"),
                 format!("const unsigned long long {pre}src = ({pre}ex * n + {pre}row) * row_bytes + {pre}c0;"),
-                format!("const unsigned int {pre}len = (unsigned int)(row_bytes - {pre}c0 < {chunk}ull ? row_bytes - {pre}c0 : {chunk}ull);"),
+                format!("const unsigned int {pre}len = (unsigned int)(row_bytes - {pre}c0 < {size}ull ? row_bytes - {pre}c0 : {size}ull);"),
             ] {
                 w(depth, &l);
             }
         };
-        // The staged chunk's dot with x into `part`, then the pick's share into `acc`; the
-        // buffer is rewritten only after every lane has read it.
-        let staged = Lower { wbuf: "ds4_stage_w", words: true, dot: true, ..*self };
+        // The staged chunk's dot with x into `part`, then the pick's share into `acc`
+        // (one row), or into `part[r]` and `acc[r]` (several rows, buffers `bufs`); the
+        // buffers are rewritten only after every lane has read them.
         // 32-bit index math inside the staged chunk (`Lower::iw`).
         let walk = Walk { first: "lane", stride: "32u", elems: "cn", bytes_at: "0u", x_at: "ce0" };
-        let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str| -> Result<(), QuantGenError> {
+        let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str, bufs: &[&'static str]| -> Result<(), QuantGenError> {
             for l in [
                 // 32-bit divisions (a 64-bit one is a long software routine).
                 "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
                 // The chunk's elements: whole blocks, the first at element c0 / bb · be.
                 format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
                 format!("const unsigned int cn = (len / {bb}u) * {be}u;"),
-                "float part = 0.0f;".into(),
             ] {
                 w(depth, &l);
             }
+            let n_rows = bufs.len();
+            if n_rows == 1 {
+                w(depth, "float part = 0.0f;");
+            } else {
+                w(depth, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows].join(", ")));
+            }
             w(depth, &format!("#pragma unroll {RUN_UNROLL}"));
-            for (d, l) in staged.weight_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }])? {
+            let staged = Lower { words: true, dot: true, ..*self };
+            for (d, l) in staged.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }], bufs)? {
                 w(depth + d, &l);
             }
             w(depth, "__syncwarp();");
-            w(depth, &format!("if (pick >= 0) {{ {acc} = {acc} + (has_wts != 0ull ? ds4_wts[p] : 1.0f) * part; }}"));
+            w(depth, "const float pw = has_wts != 0ull ? ds4_wts[p] : 1.0f;");
+            if n_rows == 1 {
+                w(depth, &format!("if (pick >= 0) {{ {acc} = {acc} + pw * part; }}"));
+            } else {
+                w(depth, &format!("if (pick >= 0) {{ for (int r = 0; r < {n_rows}; r++) {acc}[r] = {acc}[r] + pw * part[r]; }}"));
+            }
             Ok(())
         };
         // Rows not 16-byte aligned: the chunk byte by byte.
-        let byte_copy = "for (unsigned int i = lane; i < len; i += 32u) ds4_stage_w[i] = ds4_w[src + i];";
+        let byte_copy = |dst: &str, src: &str| format!("for (unsigned int i = lane; i < len; i += 32u) {dst}[i] = ds4_w[{src} + i];");
 
         // The next job's bytes into registers (`pf`): the loads go out together, before
         // the current job's arithmetic.
@@ -132,35 +205,38 @@ impl Lower<'_> {
         let store = |w: &mut dyn FnMut(usize, &str), depth: usize| {
             w(depth, &format!("#pragma unroll\n{}for (int q = 0; q < {pf}; q++) {{ const unsigned int i = lane + 32u * q; if (i < (len >> 4)) ((uint4*)ds4_stage_w)[i] = pf[q]; }}", "    ".repeat(depth)));
         };
-        w(1, &format!("uint4 pf[{pf}];"));
 
-        // Few rows (n · gridDim.y below SPLIT_BELOW): a block per row, its warps sharing
-        // the row's chunks (warp w takes jobs w, w + 4, .., the next one's bytes fetched
-        // before the current one is computed), their sums added through shared memory. A
-        // warp per row would leave most of the GPU idle (the hyper-connection and router
-        // mat-vecs have 24-256 rows of up to 32 KiB).
-        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
+        // Few rows (n · gridDim.y below SPLIT_BELOW), or row groups a warp's rows would
+        // straddle (`block_rows`): a block per row, its warps sharing the row's chunks
+        // (warp w takes jobs w, w + 4, .., the next one's bytes fetched before the current
+        // one is computed), their sums added through shared memory. A warp per row would
+        // leave most of the GPU idle (the hyper-connection and router mat-vecs have 24-256
+        // rows of up to 32 KiB).
+        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull || (groups > 1ull && ng % {rows}ull != 0ull)) {{"));
+        w(2, &format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1));
+        w(2, "const unsigned long long row_jobs = picks * n_chunks;");
+        w(2, &format!("uint4 pf[{pf}];"));
         w(2, &format!("__shared__ float ds4_red4[{wa}];"));
         w(2, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
         w(3, "float sacc = 0.0f;");
         w(3, "if (vectors && warp < row_jobs) {");
-        job(&mut w, 4, ("srow", "(unsigned int)warp / n_chunks", "(unsigned int)warp % n_chunks"), "f_");
+        job(&mut w, 4, ("srow", "(unsigned int)warp / n_chunks", "(unsigned int)warp % n_chunks"), "f_", chunk);
         fetch(&mut w, 4);
         w(3, "}");
         w(3, &format!("for (unsigned int job = (unsigned int)warp; job < (unsigned int)row_jobs; job += {wa}u) {{"));
-        job(&mut w, 4, ("srow", "job / n_chunks", "job % n_chunks"), "");
+        job(&mut w, 4, ("srow", "job / n_chunks", "job % n_chunks"), "", chunk);
         w(4, "if (vectors) {");
         store(&mut w, 5);
         w(5, "__syncwarp();");
         w(5, &format!("if (job + {wa}u < (unsigned int)row_jobs) {{"));
-        job(&mut w, 6, ("srow", &format!("(job + {wa}u) / n_chunks"), &format!("(job + {wa}u) % n_chunks")), "f_");
+        job(&mut w, 6, ("srow", &format!("(job + {wa}u) / n_chunks"), &format!("(job + {wa}u) % n_chunks")), "f_", chunk);
         fetch(&mut w, 6);
         w(5, "}");
         w(4, "} else {");
-        w(5, byte_copy);
+        w(5, &byte_copy("ds4_stage_w", "src"));
         w(5, "__syncwarp();");
         w(4, "}");
-        chunk_dot(&mut w, 4, "sacc")?;
+        chunk_dot(&mut w, 4, "sacc", &["ds4_stage_w"])?;
         w(3, "}");
         w(3, "for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);");
         w(3, "if (lane == 0u) ds4_red4[warp] = sacc;");
@@ -172,46 +248,82 @@ impl Lower<'_> {
         w(2, "return;");
         w(1, "}");
 
-        // Otherwise a warp per row: the warp's jobs (row by row, pick by pick, chunk by
-        // chunk) in sequence, counted without divisions, the next job's bytes loaded into
-        // registers (`pf`) before the current one is computed.
+        // Otherwise groups of `rows` rows, x loaded once for all of a group's rows: a
+        // job is one chunk of one pick of a group, its row chunks copied into one of two
+        // stages with `cp.async` while the other stage is computed. Rows past n read row
+        // n - 1 (a valid address) and are not stored.
         for l in [
-            format!("const unsigned long long first_row = ds4_bx * {wa}ull + warp;"),
-            format!("const unsigned long long row_step = row_blocks * {wa}ull;"),
-            "const unsigned long long n_rows = first_row < n ? (n - first_row + row_step - 1ull) / row_step : 0ull;".into(),
-            "const unsigned long long jobs = n_rows * row_jobs;".into(),
-            "float acc = 0.0f;".into(),
-            "unsigned int j_c = 0u, j_p = 0u, j_r = 0u;".into(),
+            format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {rchunk}ull);", c = rchunk - 1),
+            "const unsigned int row_jobs = (unsigned int)picks * n_chunks;".into(),
+            format!("const unsigned long long n_groups = (n + {}ull) / {rows}ull;", rows - 1),
         ] {
             w(1, &l);
         }
-        w(1, "if (vectors && jobs > 0ull) {");
-        job(&mut w, 2, ("first_row", "0u", "0u"), "f_");
-        fetch(&mut w, 2);
+        // Job `jj` of the group whose first row is `g0`, its row chunks into stage `st`.
+        let issue = |w: &mut dyn FnMut(usize, &str), depth: usize, g0: &str, jj: &str, st: &str| {
+            job(w, depth, (g0, &format!("({jj}) / n_chunks"), &format!("({jj}) % n_chunks")), "f_", rchunk);
+            w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+            w(depth + 1, "const unsigned long long rr = f_row + r < n ? f_row + r : n - 1ull;");
+            w(depth + 1, "const unsigned char* const from = ds4_w + (f_src + (rr - f_row) * row_bytes);");
+            w(depth + 1, &format!("unsigned char* const to = ds4_stage_w + (({st}) * {rows}u + r) * {rstride}u;"));
+            w(depth + 1, "for (unsigned int i = lane; i < (f_len >> 4); i += 32u) ds4_cp16(to + 16u * i, from + 16u * i, 16u);");
+            w(depth, "}");
+        };
+        // One job: (g0, jj) in stage `st`; the warp's next job (next_g0, next_jj) is
+        // copied into the other stage, last read by the previous job, before this one is
+        // computed into acc[r].
+        let one_job = |w: &mut dyn FnMut(usize, &str), depth: usize| -> Result<(), QuantGenError> {
+            job(w, depth, ("g0", "jj / n_chunks", "jj % n_chunks"), "", rchunk);
+            for (r, b) in ROW_BUFS.iter().enumerate().take(rows as usize) {
+                w(depth, &format!("unsigned char* const {b} = ds4_stage_w + (st * {rows}u + {r}u) * {rstride}u;"));
+            }
+            w(depth, "if (vectors) {");
+            // This job's copies have landed (and every lane sees every lane's).
+            w(depth + 1, "ds4_cp_wait();");
+            w(depth + 1, "__syncwarp();");
+            w(depth + 1, "if (has_next) {");
+            issue(w, depth + 2, "next_g0", "next_jj", "st ^ 1u");
+            w(depth + 1, "}");
+            w(depth, "} else {");
+            for (r, b) in ROW_BUFS.iter().enumerate().take(rows as usize) {
+                w(depth + 1, &format!("{{ const unsigned long long rr = row + {r}ull < n ? row + {r}ull : n - 1ull; {} }}", byte_copy(b, "(src + (rr - row) * row_bytes)")));
+            }
+            w(depth + 1, "__syncwarp();");
+            w(depth, "}");
+            chunk_dot(w, depth, "acc", &ROW_BUFS[..rows as usize])?;
+            w(depth, "st ^= 1u;");
+            Ok(())
+        };
+        let zero_acc = format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", "));
+
+        // A warp per group: the warp's jobs (group by group, pick by pick, chunk by chunk)
+        // in sequence.
+        for l in [
+            format!("const unsigned long long first_group = ds4_bx * {wa}ull + warp;"),
+            format!("const unsigned long long group_step = row_blocks * {wa}ull;"),
+            "const unsigned long long my_groups = first_group < n_groups ? (n_groups - first_group + group_step - 1ull) / group_step : 0ull;".into(),
+            "unsigned int st = 0u;".into(),
+        ] {
+            w(1, &l);
+        }
+        w(1, "if (vectors && my_groups > 0ull) {");
+        issue(&mut w, 2, &format!("first_group * {rows}ull"), "0u", "0u");
         w(1, "}");
-        w(1, "for (unsigned long long jb = 0ull; jb < jobs; jb += 1ull) {");
-        job(&mut w, 2, ("first_row + (unsigned long long)j_r * row_step", "j_p", "j_c"), "");
-        w(2, "unsigned int n_c = j_c + 1u, n_p = j_p, n_r = j_r;");
-        w(2, "if (n_c == n_chunks) { n_c = 0u; n_p += 1u; if (n_p == (unsigned int)picks) { n_p = 0u; n_r += 1u; } }");
-        w(2, "if (vectors) {");
-        store(&mut w, 3);
-        w(3, "__syncwarp();");
-        // The next job's loads go out before this one's arithmetic.
-        w(3, "if (jb + 1ull < jobs) {");
-        job(&mut w, 4, ("first_row + (unsigned long long)n_r * row_step", "n_p", "n_c"), "f_");
-        fetch(&mut w, 4);
-        w(3, "}");
-        w(2, "} else {");
-        w(3, byte_copy);
-        w(3, "__syncwarp();");
+        w(1, "for (unsigned long long i = 0ull; i < my_groups; i += 1ull) {");
+        w(2, &format!("const unsigned long long g0 = (first_group + i * group_step) * {rows}ull;"));
+        w(2, &zero_acc);
+        w(2, "for (unsigned int jj = 0u; jj < row_jobs; jj += 1u) {");
+        w(3, "const bool in_group = jj + 1u < row_jobs;");
+        w(3, &format!("const unsigned long long next_g0 = in_group ? g0 : g0 + group_step * {rows}ull;"));
+        w(3, "const unsigned int next_jj = in_group ? jj + 1u : 0u;");
+        w(3, "const bool has_next = in_group || i + 1ull < my_groups;");
+        one_job(&mut w, 3)?;
         w(2, "}");
-        chunk_dot(&mut w, 2, "acc")?;
-        w(2, "if (c0 + len == row_bytes && jp + 1ull == picks) {");
-        w(3, "for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);");
-        w(3, &format!("if (lane == 0u) {{ {}[ds4_by * n + row] = acc; }}", s.buffer("out")));
-        w(3, "acc = 0.0f;");
+        w(2, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+        w(3, "float v = acc[r];");
+        w(3, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+        w(3, &format!("if (lane == 0u && g0 + r < n) {{ {}[ds4_by * n + g0 + r] = v; }}", s.buffer("out")));
         w(2, "}");
-        w(2, "j_c = n_c; j_p = n_p; j_r = n_r;");
         w(1, "}");
         Ok(o)
     }
@@ -231,5 +343,23 @@ mod tests {
         }
         assert_eq!(chunk_bytes(34), 1904);
         assert_eq!(chunk_bytes(2), 2048);
+    }
+
+    #[test]
+    fn row_groups_fit_the_shared_memory() {
+        for bb in [2u64, 4, 34, 66, 84, 144, 210, 17] {
+            let (c, r) = (row_chunk_bytes(bb), rows_per_warp(bb));
+            assert_eq!(c % bb, 0, "{bb}");
+            assert_eq!(c % 16, 0, "{bb}");
+            assert!(MATVEC_WARPS * 2 * r * (c + crate::quant::WORDS_PAD) <= ROW_STAGES_LIMIT || r == 1, "{bb}");
+            assert!(warp_stage_bytes(bb) * MATVEC_WARPS <= 48 * 1024, "{bb}");
+        }
+        assert_eq!(rows_per_warp(34), 4);
+        // Q6_K's 1680-byte unit: two rows a warp.
+        assert_eq!(rows_per_warp(210), 2);
+        // A grouped mat-vec whose groups a warp's rows straddle takes the few-rows path.
+        assert_eq!(block_rows(34, 8192, 1, 8, 1024), MATVEC_WARPS * 4);
+        assert_eq!(block_rows(34, 8190, 1, 3, 2730), 1);
+        assert_eq!(block_rows(34, 1024, 1, 1, 1024), 1);
     }
 }

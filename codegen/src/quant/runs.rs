@@ -258,9 +258,19 @@ impl Lower<'_> {
     /// Lines (depth, text) walking a weight row as `walk` says: each token's
     /// `acc += W[row] · x[xo ..]`.
     pub(super) fn weight_runs(&self, walk: &Walk, tokens: &[Token]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
+        self.rows_runs(walk, tokens, &[self.wbuf])
+    }
+
+    /// As `weight_runs`, for several rows at once that read the same x: row r's bytes are
+    /// in `rows[r]` (at the walk's `bytes_at` in each) and token t's sum for it goes to
+    /// `acc[r]` (`acc` alone for one row). Each x element is loaded once for all rows:
+    /// a decode mat-vec's x traffic, four times its weight traffic for Q8_0 with one row
+    /// a warp, is what bounds it (`cuda_matvec.rs`).
+    pub(super) fn rows_runs(&self, walk: &Walk, tokens: &[Token], rows: &[&'static str]) -> Result<Vec<(usize, String)>, super::QuantGenError> {
         let s = self.syn;
         let x = s.buffer("x");
         let (be, bb) = (self.idx(self.spec.block_elems as u64), self.idx(self.spec.block_bytes as u64));
+        let acc = |tok: &Token, r: usize| if rows.len() == 1 { tok.acc.clone() } else { format!("{}[{r}]", tok.acc) };
         let shape = self.shape();
         let run = match shape {
             Shape::InSub { run } => run,
@@ -288,50 +298,65 @@ impl Lower<'_> {
                 }
             }
         }
+        // Several rows: each row's lines in a scope of their own (the same names).
+        let scoped = rows.len() > 1;
+        let d0 = usize::from(scoped);
         match shape {
             Shape::InSub { run } => {
-                self.run_open(run, "e0", walk.bytes_at, &mut out)?;
                 let f = self.factored();
-                let scale = match &f {
-                    Some(f) => self.product(&f.scale)?,
-                    None => self.f32_const(1.0),
-                };
-                let offset = match &f {
-                    Some(Factored { offset: Some((neg, o)), .. }) => Some((*neg, self.expr(o)?)),
-                    _ => None,
-                };
-                for (t, _) in tokens.iter().enumerate() {
-                    out.push((1, s.decl(&format!("ea{t}"), Word::F32, true, &self.f32_const(0.0))));
-                    if offset.is_some() {
-                        out.push((1, s.decl(&format!("es{t}"), Word::F32, true, &self.f32_const(0.0))));
+                for (r, &wbuf) in rows.iter().enumerate() {
+                    let me = Lower { wbuf, ..*self };
+                    if scoped {
+                        out.push((1, "{".into()));
                     }
-                }
-                for jj in 0..run {
-                    let el = self.run_element_open(run, jj, &mut out)?;
-                    let elem = match &f {
-                        Some(f) => el.product(&f.elem)?,
-                        None => el.expr(self.spec.value)?,
+                    let mut row = Vec::new();
+                    me.run_open(run, "e0", walk.bytes_at, &mut row)?;
+                    let scale = match &f {
+                        Some(f) => me.product(&f.scale)?,
+                        None => me.f32_const(1.0),
                     };
-                    out.push((2, s.decl("ev", Word::F32, false, &elem)));
+                    let offset = match &f {
+                        Some(Factored { offset: Some((neg, o)), .. }) => Some((*neg, me.expr(o)?)),
+                        _ => None,
+                    };
                     for (t, _) in tokens.iter().enumerate() {
-                        out.push((2, format!("ea{t} = {};", s.fma("ev", &format!("x{t}_{jj}"), &format!("ea{t}")))));
+                        row.push((1, s.decl(&format!("ea{t}"), Word::F32, true, &me.f32_const(0.0))));
                         if offset.is_some() {
-                            out.push((2, format!("es{t} = es{t} + x{t}_{jj};")));
+                            row.push((1, s.decl(&format!("es{t}"), Word::F32, true, &me.f32_const(0.0))));
                         }
                     }
-                    out.push((1, "}".into()));
-                }
-                out.push((1, s.decl("rsc", Word::F32, false, &scale)));
-                if let Some((neg, o)) = &offset {
-                    let o = if *neg { format!("(-{o})") } else { o.clone() };
-                    out.push((1, s.decl("rso", Word::F32, false, &o)));
-                }
-                for (t, tok) in tokens.iter().enumerate() {
-                    let mut total = s.fma("rsc", &format!("ea{t}"), &tok.acc);
-                    if offset.is_some() {
-                        total = s.fma("rso", &format!("es{t}"), &total);
+                    for jj in 0..run {
+                        let el = me.run_element_open(run, jj, &mut row)?;
+                        let elem = match &f {
+                            Some(f) => el.product(&f.elem)?,
+                            None => el.expr(me.spec.value)?,
+                        };
+                        row.push((2, s.decl("ev", Word::F32, false, &elem)));
+                        for (t, _) in tokens.iter().enumerate() {
+                            row.push((2, format!("ea{t} = {};", s.fma("ev", &format!("x{t}_{jj}"), &format!("ea{t}")))));
+                            if offset.is_some() {
+                                row.push((2, format!("es{t} = es{t} + x{t}_{jj};")));
+                            }
+                        }
+                        row.push((1, "}".into()));
                     }
-                    out.push((1, format!("{} = {total};", tok.acc)));
+                    row.push((1, s.decl("rsc", Word::F32, false, &scale)));
+                    if let Some((neg, o)) = &offset {
+                        let o = if *neg { format!("(-{o})") } else { o.clone() };
+                        row.push((1, s.decl("rso", Word::F32, false, &o)));
+                    }
+                    for (t, tok) in tokens.iter().enumerate() {
+                        let a = acc(tok, r);
+                        let mut total = s.fma("rsc", &format!("ea{t}"), &a);
+                        if offset.is_some() {
+                            total = s.fma("rso", &format!("es{t}"), &total);
+                        }
+                        row.push((1, format!("{a} = {total};")));
+                    }
+                    out.extend(row.into_iter().map(|(d, l)| (d + d0, l)));
+                    if scoped {
+                        out.push((1, "}".into()));
+                    }
                 }
                 out.push((0, "}".into()));
             }
@@ -340,28 +365,37 @@ impl Lower<'_> {
                 let (be_n, sb_n) = (self.spec.block_elems as u64, self.spec.sub_block as u64);
                 out.push((1, s.decl("ub", self.iw(), false, &format!("{} + (e0 / {be}) * {bb}", walk.bytes_at))));
                 for jj in 0..RUN {
-                    out.push((1, "{".into()));
-                    out.push((2, s.decl("ds4_blk", self.iw(), false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
-                    out.push((2, s.decl("s", Word::U32, false, &self.u32(jj % be_n / sb_n))));
-                    out.push((2, s.decl("j", Word::U32, false, &self.u32(jj % be_n % sb_n))));
-                    for level in [Level::Block, Level::Sub, Level::Elem] {
-                        for l in self.lets_at(level)? {
-                            out.push((2, l));
+                    for (r, &wbuf) in rows.iter().enumerate() {
+                        let me = Lower { wbuf, ..*self };
+                        out.push((1, "{".into()));
+                        out.push((2, s.decl("ds4_blk", self.iw(), false, &format!("ub + {}", self.idx(jj / be_n * self.spec.block_bytes as u64)))));
+                        out.push((2, s.decl("s", Word::U32, false, &self.u32(jj % be_n / sb_n))));
+                        out.push((2, s.decl("j", Word::U32, false, &self.u32(jj % be_n % sb_n))));
+                        for level in [Level::Block, Level::Sub, Level::Elem] {
+                            for l in me.lets_at(level)? {
+                                out.push((2, l));
+                            }
                         }
+                        out.push((2, s.decl("wv", Word::F32, false, &me.expr(self.spec.value)?)));
+                        for (t, tok) in tokens.iter().enumerate() {
+                            let a = acc(tok, r);
+                            out.push((2, format!("{a} = {};", s.fma("wv", &format!("x{t}_{jj}"), &a))));
+                        }
+                        out.push((1, "}".into()));
                     }
-                    out.push((2, s.decl("wv", Word::F32, false, &self.expr(self.spec.value)?)));
-                    for (t, tok) in tokens.iter().enumerate() {
-                        out.push((2, format!("{} = {};", tok.acc, s.fma("wv", &format!("x{t}_{jj}"), &tok.acc))));
-                    }
-                    out.push((1, "}".into()));
                 }
                 out.push((0, "}".into()));
                 // The last elems % RUN elements, one per thread.
                 let tail_start = format!("({e} / {r}) * {r} + {}", walk.first, e = walk.elems, r = self.idx(RUN));
                 out.push((0, format!("{} {{", s.for_header(self.iw(), "e", &tail_start, walk.elems, walk.stride))));
-                out.push((1, s.decl("wv", Word::F32, false, &self.dq_call(walk.bytes_at, "e"))));
-                for tok in tokens {
-                    out.push((1, format!("{} = {};", tok.acc, s.fma("wv", &format!("{x}[{}]", walk.x_index(&tok.xo, "e")), &tok.acc))));
+                for (r, &wbuf) in rows.iter().enumerate() {
+                    let me = Lower { wbuf, ..*self };
+                    let wv = if scoped { format!("wv{r}") } else { "wv".into() };
+                    out.push((1, s.decl(&wv, Word::F32, false, &me.dq_call(walk.bytes_at, "e"))));
+                    for tok in tokens {
+                        let a = acc(tok, r);
+                        out.push((1, format!("{a} = {};", s.fma(&wv, &format!("{x}[{}]", walk.x_index(&tok.xo, "e")), &a))));
+                    }
                 }
                 out.push((0, "}".into()));
             }

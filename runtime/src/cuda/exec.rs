@@ -172,6 +172,7 @@ impl GpuExecutor<'_> {
     #[allow(clippy::too_many_arguments)]
     fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
+        let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
         let named = [
             ("out", Arg::Ptr(out.ptr)),
             ("w", Arg::Ptr(w.ptr)),
@@ -187,9 +188,9 @@ impl GpuExecutor<'_> {
             ("ng", u(ng)),
             ("has_sel", u(sel.is_some() as usize)),
             ("has_wts", u(wts.is_some() as usize)),
-            ("row_blocks", u(matvec_row_blocks(w.ty, n, m, self.dev.sms))),
+            ("row_blocks", u(row_blocks)),
         ];
-        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (matvec_row_blocks(w.ty, n, m, self.dev.sms) as u32, m as u32), &named)
+        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (row_blocks as u32, m as u32), &named)
     }
 
     /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for m > 1 tokens: on tensor
@@ -684,14 +685,15 @@ pub fn use_graphs(on: bool) {
     GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y): a warp per row
-/// (`MATVEC_WARPS` rows per block), but for types with tables (staged in shared memory
-/// once per block) about 8 blocks per SM, each looping over its rows.
-pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, sms: usize) -> usize {
-    // Few rows: a block per row (its warps share the row; see `quant/cuda_matvec.rs`).
-    let rows_per_block = if ((n * m) as u64) < ds4_codegen::quant::MATVEC_SPLIT_BELOW { 1 } else { ds4_codegen::quant::MATVEC_WARPS as usize };
+/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y, row groups of `ng`
+/// rows when `groups` > 1): a row group per warp (`ds4_codegen::quant::matvec_block_rows`
+/// rows per block), but for types with tables (staged in shared memory once per block)
+/// about 8 blocks per SM, each looping over its rows.
+pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, groups: usize, ng: usize, sms: usize) -> usize {
+    let Some(spec) = ds4_ir::quant::spec(ty) else { return n.max(1) };
+    let rows_per_block = ds4_codegen::quant::matvec_block_rows(spec.block_bytes as u64, n as u64, m as u64, groups as u64, ng as u64) as usize;
     let blocks = n.div_ceil(rows_per_block);
-    if ds4_ir::quant::spec(ty).is_some_and(|s| !s.tables.is_empty()) {
+    if !spec.tables.is_empty() {
         blocks.min((8 * sms / m.max(1)).max(1))
     } else {
         blocks

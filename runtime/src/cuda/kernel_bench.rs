@@ -146,7 +146,7 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
         let name = kernel_name(kind, c.ty);
         let blocks_x = if kind == QuantKernelKind::MatMulMma { c.n.div_ceil(MMA_ROWS as usize) } else { c.n } as u32;
         let k = kernels.get(&name)?;
-        let rbl = |m: usize| matvec_row_blocks(c.ty, c.n, m, dev.sms);
+        let rbl = |m: usize| matvec_row_blocks(c.ty, c.n, m, 1, c.n, dev.sms);
         // The floats of x a prefill matmul reads (rows and x_div as the launch below gives
         // them: the experts' rows are (token, pick) rows, gate/up's x one per token).
         let (x_rows, x_div) = match c.experts {
