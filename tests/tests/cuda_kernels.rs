@@ -686,6 +686,7 @@ fn matvec_on_aligned_rows_with_picks() {
         let out = dev.alloc(tokens * n * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
         let row_blocks = r.range(1, n.div_ceil(4) + 1);
+        let path = if ds4_runtime::cuda::matvec_block_rows(bb as u64, n as u64, tokens as u64, groups as u64, ng as u64) == 1 { "a block per row" } else { "a warp per row group" };
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(groups), u(ng), u(1), u(1), u(row_blocks)];
         launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
@@ -705,7 +706,7 @@ fn matvec_on_aligned_rows_with_picks() {
                 worst = worst.max((got[ti * n + row] as f64 - want).abs() / norm.max(1e-30));
             }
         }
-        println!("{t}: aligned matvec worst |Δ|/Σ|w·x| {worst:.2e} ({n} rows × {k} in {groups} groups, {rb} bytes a row, {tokens} tokens × {picks} picks of {experts} experts, {row_blocks} row blocks)");
+        println!("{t}: aligned matvec worst |Δ|/Σ|w·x| {worst:.2e} ({n} rows × {k} in {groups} groups, {rb} bytes a row, {tokens} tokens × {picks} picks of {experts} experts, {row_blocks} row blocks, {path})");
         assert!(worst < 1e-5, "{t}: aligned matvec off by {worst}");
     }
 }

@@ -38,11 +38,15 @@ pub fn ds4_flash_cases(prefill: usize) -> Vec<BenchCase> {
     let mut v = vec![
         c("attn_q_a", Q8_0, 1024, 4096, 1, None),
         c("attn_q_b", Q8_0, 32768, 1024, 1, None),
+        c("attn_kv", Q8_0, 512, 4096, 1, None),
+        c("attn_output_b", Q8_0, 4096, 8192, 1, None),
         c("shexp gate/up", Q8_0, 2048, 4096, 1, None),
         c("shexp down", Q8_0, 4096, 2048, 1, None),
         c("output", Q8_0, 129280, 4096, 1, None),
         c("compressor kv", F16, 1024, 4096, 1, None),
         c("indexer q_b", F16, 8192, 1024, 1, None),
+        c("hc proj", F16, 24, 16384, 1, None),
+        c("router", F16, 256, 4096, 1, None),
         c("exps gate/up", Iq2Xxs, 2048, 4096, 1, Some((256, 6))),
         c("exps down", Q2K, 4096, 2048, 1, Some((256, 6))),
     ];
