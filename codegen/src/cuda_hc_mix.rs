@@ -36,7 +36,8 @@ pub fn contract() -> Kernel {
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_hc_mix.rs", HELPERS, &THREADS.to_string(), &contract(), BODY)
+    let helpers = format!("\n#define DS4_MAX_NH {MAX_NH}u{HELPERS}");
+    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_hc_mix.rs", &helpers, &THREADS.to_string(), &contract(), BODY)
 }
 
 const HELPERS: &str = r#"
@@ -45,10 +46,20 @@ __device__ __forceinline__ float sigmoid(float x) {
 }
 
 // Σ over q < nh of lane (first + q·step)'s v, added left to right (the reference's order).
+// The shuffles all go out before the first addition: a pass waits for one shuffle's
+// latency, not nh of them.
 __device__ __forceinline__ float ds4_lane_sum(const float v, const unsigned int first, const unsigned int step, const unsigned int nh) {
+    float t[DS4_MAX_NH];
+    #pragma unroll
+    for (unsigned int q = 0; q < DS4_MAX_NH; q++) {
+        t[q] = __shfl_sync(0xffffffffu, v, (first + q * step) & 31u);
+    }
     float s = 0.0f;
-    for (unsigned int q = 0; q < nh; q++) {
-        s += __shfl_sync(0xffffffffu, v, (first + q * step) & 31u);
+    #pragma unroll
+    for (unsigned int q = 0; q < DS4_MAX_NH; q++) {
+        if (q < nh) {
+            s += t[q];
+        }
     }
     return s;
 }
@@ -72,8 +83,12 @@ const BODY: &str = r#"    const usize item = blockIdx.x;
     const float logit = on ? m[mo + k] * scale[2] + base[k] : __int_as_float(0xff800000);
     // Softmax over row i, plus eps.
     float mx = __int_as_float(0xff800000);
-    for (unsigned int q = 0; q < h; q++) {
-        mx = fmaxf(mx, __shfl_sync(0xffffffffu, logit, (i * h + q) & 31u));
+    #pragma unroll
+    for (unsigned int q = 0; q < DS4_MAX_NH; q++) {
+        const float t = __shfl_sync(0xffffffffu, logit, (i * h + q) & 31u);
+        if (q < h) {
+            mx = fmaxf(mx, t);
+        }
     }
     const float e = expf(logit - mx);
     float v = e / ds4_lane_sum(e, i * h, 1u, h) + eps;
