@@ -172,7 +172,7 @@ impl Dialect for Cuda {
         // Serial kernels: one thread computes the item, the others leave at once.
         let threads = if parallel { "" } else { "    if (threadIdx.x != 0) return;\n" };
         let mut s = format!(
-            "extern \"C\" __global__ void {}({}) {{\n{threads}    \
+            "extern \"C\" __global__ void {}({}) {{\n{GRID_WAIT}{threads}    \
              const usize item = blockIdx.x;\n    \
              {out} += item * ({out_len});\n",
             k.name,
@@ -273,6 +273,15 @@ __device__ __forceinline__ void ds4_cp_wait() {
 
 "#;
 
+/// The first statement of every CUDA kernel: wait until the kernels before it in the
+/// stream have finished and their writes are visible. A no-op for a plain launch; in a
+/// decode step's graph the runtime links kernels with programmatic edges
+/// (`runtime/src/cuda/launch_plan.rs`), so a kernel is launched while its predecessor
+/// still runs and waits here, hiding the launch latency (sm_90 and later). Every thread
+/// runs it before anything else, an early return included: a kernel finishes only after
+/// its predecessor has, so the order holds along the whole chain.
+pub(crate) const GRID_WAIT: &str = "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
+
 /// The largest item output (bytes) a launch stages in shared memory.
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
 
@@ -291,6 +300,7 @@ pub(crate) fn text_kernel(target: crate::Target, name: &str, file: &str, preambl
     s.push_str("typedef unsigned long long usize;\n");
     s.push_str(preamble);
     s.push_str(&format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n", Cuda { sm }.params(contract)));
+    s.push_str(GRID_WAIT);
     s.push_str(body);
     s.push_str("}\n");
     Some(s)

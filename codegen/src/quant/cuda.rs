@@ -107,11 +107,12 @@ impl QuantSyntax for CudaQuant {
             None => super::THREADS.to_string(),
         };
         let mut s = format!(
-            "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n    \
+            "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n{}    \
              const unsigned long long ds4_tid = threadIdx.x;\n    \
              const unsigned long long ds4_bx = blockIdx.x;\n    \
              const unsigned long long ds4_by = blockIdx.y;\n",
-            ps.join(", ")
+            ps.join(", "),
+            crate::cuda::GRID_WAIT
         );
         if shared > 0 {
             s.push_str(&format!("    __shared__ float {}[{}];\n", self.shared_array(), shared / 4));

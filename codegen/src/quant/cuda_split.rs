@@ -63,7 +63,7 @@ pub fn source() -> String {
     s.push_str(HELPERS);
     s.push_str(&format!(
         r#"extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(unsigned char* __restrict__ ds4_planes, float* __restrict__ ds4_sums, const float* __restrict__ ds4_x, const unsigned long long n) {{
-    const unsigned long long g = (unsigned long long)blockIdx.x * {THREADS}ull + threadIdx.x;
+{wait}    const unsigned long long g = (unsigned long long)blockIdx.x * {THREADS}ull + threadIdx.x;
     if (g * 16ull >= n) return;
     // Plain loads: x may be a view at any float (a warp's loads still coalesce).
     const float* const xv = ds4_x + g * 16ull;
@@ -84,7 +84,8 @@ pub fn source() -> String {
     pl[0] = make_uint4(l[0], l[1], l[2], l[3]); pl[1] = make_uint4(l[4], l[5], l[6], l[7]);
     ds4_sums[g] = sum;
 }}
-"#
+"#,
+        wait = crate::cuda::GRID_WAIT
     ));
     s
 }
