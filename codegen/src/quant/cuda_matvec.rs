@@ -20,16 +20,17 @@
 //!
 //! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes row groups b·WARPS + w,
 //! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row). A mat-vec with few
-//! rows (n · m below [`SPLIT_BELOW`]), or whose row groups (a grouped mat-vec, each
-//! group reading its own x) a warp's rows would straddle, instead gives each block one
-//! row at a time, its warps sharing the row's chunks (`block_rows` tells the runtime).
+//! rows (n · m below [`SPLIT_BELOW`]) instead gives each block one group at a time, its
+//! warps sharing the group's chunks, or, with fewer than [`BLOCK_GROUPS_FROM`] groups or
+//! row groups (a grouped mat-vec, each group reading its own x) that a warp's rows would
+//! straddle, one row at a time (`block_rows` tells the runtime which).
 //!
 //! Measured on the H200 (`ds4 bench --matvec`, µs, one row a warp → four): the output
 //! head 319 → 226-233, `attn_q_b` 29.0 → 22.0-22.7, the routed experts' IQ2_XXS
 //! 41.6 → 30.3-31.6 and Q2_K 43.3 → 30.4-32.1; synthetic q2 decode at ctx 96
-//! 51.9 → 56.3-57.0 t/s. A block per group with its warps sharing the group's chunks,
-//! for launches of fewer than 4096 groups, measured slower (51.5 t/s; IQ2_XXS experts
-//! 42.2 µs) and is not kept.
+//! 51.9 → 56.3-57.0 t/s. A block per group for launches of many rows but fewer than 4096
+//! groups measured slower (51.5 t/s; the IQ2_XXS experts' two jobs a group left half the
+//! warps idle: 42.2 µs) and is kept for few rows only.
 
 use super::lcm;
 use super::runs::{Token, Walk};
@@ -92,12 +93,23 @@ pub const SPLIT_BELOW: u64 = 4096;
 /// else a row group per warp. The kernel makes the same choice.
 pub fn block_rows(block_bytes: u64, n: u64, m: u64, groups: u64, ng: u64) -> u64 {
     let r = rows_per_warp(block_bytes);
-    if n * m < SPLIT_BELOW || (groups > 1 && ng % r != 0) {
+    let few = n * m < SPLIT_BELOW;
+    if (groups > 1 && ng % r != 0) || (few && n.div_ceil(r) * m < BLOCK_GROUPS_FROM) {
         1
+    } else if few {
+        r
     } else {
         MATVEC_WARPS * r
     }
 }
+
+/// Few rows (n · m below [`SPLIT_BELOW`]) in at least this many row groups (times blocks
+/// along y): a block per group, its warps sharing the group's chunks (x loaded once for
+/// the group's rows); fewer groups: a block per row, to keep more SMs busy. Measured on
+/// the H200 (`ds4 bench --matvec`, µs, a block per row → per group): `attn_q_a` (256
+/// groups) 8.0 → 7.1, shared experts' gate/up (512) 11.4 → 8.8, compressor kv (F16, 256)
+/// 13.6 → 9.3, but `attn_kv` (128 groups) 5.6 → 6.6.
+pub const BLOCK_GROUPS_FROM: u64 = 256;
 
 /// Blocks per SM the kernel is compiled for (`__launch_bounds__`): 24 warps, each with
 /// its next stage's copies in flight, at most 80 registers a thread (four rows' sums
@@ -212,7 +224,7 @@ impl Lower<'_> {
         // one is computed), their sums added through shared memory. A warp per row would
         // leave most of the GPU idle (the hyper-connection and router mat-vecs have 24-256
         // rows of up to 32 KiB).
-        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull || (groups > 1ull && ng % {rows}ull != 0ull)) {{"));
+        w(1, &format!("if ((groups > 1ull && ng % {rows}ull != 0ull) || (n * gridDim.y < {SPLIT_BELOW}ull && (n + {}ull) / {rows}ull * gridDim.y < {BLOCK_GROUPS_FROM}ull)) {{", rows - 1));
         w(2, &format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1));
         w(2, "const unsigned long long row_jobs = picks * n_chunks;");
         w(2, &format!("uint4 pf[{pf}];"));
@@ -296,8 +308,40 @@ impl Lower<'_> {
         };
         let zero_acc = format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", "));
 
-        // A warp per group: the warp's jobs (group by group, pick by pick, chunk by chunk)
-        // in sequence.
+        // Few rows in enough groups (`block_rows`): a block per group, warp w taking jobs
+        // w, w + 4, .. (the next one may be the first of the block's next group), the
+        // warps' sums added through shared memory.
+        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
+        w(2, &format!("__shared__ float ds4_redr[{wa}][{rows}];"));
+        w(2, "unsigned int st = 0u;");
+        w(2, "if (vectors && warp < row_jobs && ds4_bx < n_groups) {");
+        issue(&mut w, 3, &format!("ds4_bx * {rows}ull"), "(unsigned int)warp", "0u");
+        w(2, "}");
+        w(2, "for (unsigned long long g = ds4_bx; g < n_groups; g += row_blocks) {");
+        w(3, &format!("const unsigned long long g0 = g * {rows}ull;"));
+        w(3, &zero_acc);
+        w(3, &format!("for (unsigned int jj = (unsigned int)warp; jj < row_jobs; jj += {wa}u) {{"));
+        w(4, &format!("const bool in_group = jj + {wa}u < row_jobs;"));
+        w(4, &format!("const unsigned long long next_g0 = in_group ? g0 : (g + row_blocks) * {rows}ull;"));
+        w(4, &format!("const unsigned int next_jj = in_group ? jj + {wa}u : (unsigned int)warp;"));
+        w(4, "const bool has_next = in_group || g + row_blocks < n_groups;");
+        one_job(&mut w, 4)?;
+        w(3, "}");
+        w(3, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+        w(4, "float v = acc[r];");
+        w(4, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+        w(4, "if (lane == 0u) ds4_redr[warp][r] = v;");
+        w(3, "}");
+        w(3, "__syncthreads();");
+        let total: Vec<String> = (0..wa).map(|i| format!("ds4_redr[{i}][ds4_tid]")).collect();
+        w(3, &format!("if (ds4_tid < {rows}ull && g0 + ds4_tid < n) {{ {}[ds4_by * n + g0 + ds4_tid] = {}; }}", s.buffer("out"), total.join(" + ")));
+        w(3, "__syncthreads();");
+        w(2, "}");
+        w(2, "return;");
+        w(1, "}");
+
+        // Otherwise a warp per group: the warp's jobs (group by group, pick by pick, chunk
+        // by chunk) in sequence.
         for l in [
             format!("const unsigned long long first_group = ds4_bx * {wa}ull + warp;"),
             format!("const unsigned long long group_step = row_blocks * {wa}ull;"),
@@ -360,6 +404,8 @@ mod tests {
         // A grouped mat-vec whose groups a warp's rows straddle takes the few-rows path.
         assert_eq!(block_rows(34, 8192, 1, 8, 1024), MATVEC_WARPS * 4);
         assert_eq!(block_rows(34, 8190, 1, 3, 2730), 1);
-        assert_eq!(block_rows(34, 1024, 1, 1, 1024), 1);
+        // Few rows: a block per group of four, or per row when the groups are too few.
+        assert_eq!(block_rows(34, 1024, 1, 1, 1024), 4);
+        assert_eq!(block_rows(34, 512, 1, 1, 512), 1);
     }
 }
