@@ -384,7 +384,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
     let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None, dot: false };
-    src.push_str(&lower.helpers()?);
+    src.push_str(&lower.helpers(kind != QuantKernelKind::DequantRows)?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
         src.push_str(syn.block_sum_helper());
@@ -708,9 +708,10 @@ impl Lower<'_> {
         })
     }
 
-    /// The f16 → f32 conversion (exact; subnormals, infinities and NaNs included) and the
-    /// spec's constant tables.
-    fn helpers(&self) -> Result<String, QuantGenError> {
+    /// The spec's constant tables and the f16 → f32 conversion (exact; subnormals,
+    /// infinities and NaNs included); the dot products' cheaper conversion
+    /// (`QuantSyntax::f16_to_f32_dot_fn`) only for kernels with dot products (`dots`).
+    fn helpers(&self, dots: bool) -> Result<String, QuantGenError> {
         let s = self.syn;
         let mut out = String::new();
         for t in self.spec.tables {
@@ -721,7 +722,7 @@ impl Lower<'_> {
             };
             out.push_str(&s.table(&format!("T_{}", t.name), w, &values));
         }
-        if let Some(f) = s.f16_to_f32_dot_fn() {
+        if let Some(f) = s.f16_to_f32_dot_fn().filter(|_| dots) {
             out.push_str(f);
         }
         if let Some(f) = s.f16_to_f32_fn() {
