@@ -661,14 +661,25 @@ fn matvec_on_aligned_rows_with_picks() {
         // Few rows (a block per row: its warps share the chunks) or many (a warp per row,
         // next chunk prefetched): the kernel picks by n · tokens (MATVEC_SPLIT_BELOW).
         let many = r.next() % 2 == 0;
-        let k = t.block_elems() * unit * if many || r.next() % 2 == 0 { r.range(1, 3) } else { 4096 / (t.block_elems() * unit) + r.range(1, 3) };
+        // Few rows: a block per row (up to 69), or per group of rows when there are enough
+        // groups (512-1499 rows of 2-3 KiB: two or three chunks a row). The longest rows
+        // only with the fewest: the CPU quantizes and checks every row (IQ2_XXS's
+        // quantizer is slow), and a case stays seconds.
+        let grouped = !many && r.next() % 2 == 0;
+        let units = if many || (!grouped && r.next() % 2 == 0) {
+            r.range(1, 3)
+        } else if grouped {
+            2048 / (bb * unit) + r.range(1, 3)
+        } else {
+            4096 / (t.block_elems() * unit) + r.range(1, 3)
+        };
+        let k = t.block_elems() * unit * units;
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         assert_eq!(rb % 16, 0);
         let groups = if many { r.range(1, 4) } else { 1 };
-        // Few rows: a block per row, or per group of rows when there are enough groups.
-        let n = if many { (ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64)).next_multiple_of(groups) } else if r.next() % 2 == 0 { r.range(512, 1500) } else { r.range(1, 70) };
+        let n = if many { (ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64)).next_multiple_of(groups) } else if grouped { r.range(512, 1500) } else { r.range(1, 70) };
         let ng = n / groups;
-        let (experts, tokens, picks) = (r.range(1, 5), r.range(1, 3), r.range(1, 4));
+        let (experts, tokens, picks) = (if grouped { r.range(1, 3) } else { r.range(1, 5) }, r.range(1, 3), r.range(1, 4));
         let src: Vec<f32> = r.f32_floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
         let mut bytes = vec![0u8; experts * n * rb];
         for i in 0..experts * n {

@@ -205,6 +205,21 @@ impl Lower<'_> {
             }
             Ok(())
         };
+        // The block's warps' sums for `rows` rows (`acc`, an array for more than one)
+        // added through shared memory `red` ([warps][rows]); thread r stores row
+        // `first` + r. Every warp of the block reaches it.
+        let warps_total = |w: &mut dyn FnMut(usize, &str), depth: usize, red: &str, rows: u64, acc: &str, first: &str| {
+            let at = |r: &str| if rows == 1 { acc.to_string() } else { format!("{acc}[{r}]") };
+            w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+            w(depth + 1, &format!("float v = {};", at("r")));
+            w(depth + 1, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+            w(depth + 1, &format!("if (lane == 0u) {red}[warp][r] = v;"));
+            w(depth, "}");
+            w(depth, "__syncthreads();");
+            let total: Vec<String> = (0..MATVEC_WARPS).map(|i| format!("{red}[{i}][ds4_tid]")).collect();
+            w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {}[ds4_by * n + {first} + ds4_tid] = {}; }}", s.buffer("out"), total.join(" + ")));
+            w(depth, "__syncthreads();");
+        };
         // Rows not 16-byte aligned: the chunk byte by byte.
         let byte_copy = |dst: &str, src: &str| format!("for (unsigned int i = lane; i < len; i += 32u) {dst}[i] = ds4_w[{src} + i];");
 
@@ -228,7 +243,7 @@ impl Lower<'_> {
         w(2, &format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1));
         w(2, "const unsigned long long row_jobs = picks * n_chunks;");
         w(2, &format!("uint4 pf[{pf}];"));
-        w(2, &format!("__shared__ float ds4_red4[{wa}];"));
+        w(2, &format!("__shared__ float ds4_red4[{wa}][1];"));
         w(2, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
         w(3, "float sacc = 0.0f;");
         w(3, "if (vectors && warp < row_jobs) {");
@@ -250,12 +265,7 @@ impl Lower<'_> {
         w(4, "}");
         chunk_dot(&mut w, 4, "sacc", &["ds4_stage_w"])?;
         w(3, "}");
-        w(3, "for (int o = 16; o > 0; o >>= 1) sacc += __shfl_xor_sync(0xffffffffu, sacc, o);");
-        w(3, "if (lane == 0u) ds4_red4[warp] = sacc;");
-        w(3, "__syncthreads();");
-        let total: Vec<String> = (0..wa).map(|i| format!("ds4_red4[{i}]")).collect();
-        w(3, &format!("if (ds4_tid == 0ull) {{ {}[ds4_by * n + srow] = {}; }}", s.buffer("out"), total.join(" + ")));
-        w(3, "__syncthreads();");
+        warps_total(&mut w, 3, "ds4_red4", 1, "sacc", "srow");
         w(2, "}");
         w(2, "return;");
         w(1, "}");
@@ -306,68 +316,47 @@ impl Lower<'_> {
             w(depth, "st ^= 1u;");
             Ok(())
         };
-        let zero_acc = format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", "));
+        // The groups g_first, g_first + g_step, .. below n_groups, each of the warp's jobs
+        // j_first, j_first + j_step, .. of a group (its next job may be the first of its
+        // next group), then `after` with the group's sums in acc[r].
+        let group_loop = |w: &mut dyn FnMut(usize, &str), (g_first, g_step): (&str, &str), (j_first, j_step): (&str, &str), after: &dyn Fn(&mut dyn FnMut(usize, &str))| -> Result<(), QuantGenError> {
+            w(2, "unsigned int st = 0u;");
+            w(2, &format!("if (vectors && {j_first} < row_jobs && {g_first} < n_groups) {{"));
+            issue(w, 3, &format!("({g_first}) * {rows}ull"), j_first, "0u");
+            w(2, "}");
+            w(2, &format!("for (unsigned long long g = {g_first}; g < n_groups; g += {g_step}) {{"));
+            w(3, &format!("const unsigned long long g0 = g * {rows}ull;"));
+            w(3, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
+            w(3, &format!("for (unsigned int jj = {j_first}; jj < row_jobs; jj += {j_step}) {{"));
+            w(4, &format!("const bool in_group = jj + {j_step} < row_jobs;"));
+            w(4, &format!("const unsigned long long next_g0 = in_group ? g0 : (g + {g_step}) * {rows}ull;"));
+            w(4, &format!("const unsigned int next_jj = in_group ? jj + {j_step} : {j_first};"));
+            w(4, &format!("const bool has_next = in_group || g + {g_step} < n_groups;"));
+            one_job(w, 4)?;
+            w(3, "}");
+            after(w);
+            w(2, "}");
+            Ok(())
+        };
 
         // Few rows in enough groups (`block_rows`): a block per group, warp w taking jobs
-        // w, w + 4, .. (the next one may be the first of the block's next group), the
-        // warps' sums added through shared memory.
+        // w, w + 4, .., the warps' sums added through shared memory.
         w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
         w(2, &format!("__shared__ float ds4_redr[{wa}][{rows}];"));
-        w(2, "unsigned int st = 0u;");
-        w(2, "if (vectors && warp < row_jobs && ds4_bx < n_groups) {");
-        issue(&mut w, 3, &format!("ds4_bx * {rows}ull"), "(unsigned int)warp", "0u");
-        w(2, "}");
-        w(2, "for (unsigned long long g = ds4_bx; g < n_groups; g += row_blocks) {");
-        w(3, &format!("const unsigned long long g0 = g * {rows}ull;"));
-        w(3, &zero_acc);
-        w(3, &format!("for (unsigned int jj = (unsigned int)warp; jj < row_jobs; jj += {wa}u) {{"));
-        w(4, &format!("const bool in_group = jj + {wa}u < row_jobs;"));
-        w(4, &format!("const unsigned long long next_g0 = in_group ? g0 : (g + row_blocks) * {rows}ull;"));
-        w(4, &format!("const unsigned int next_jj = in_group ? jj + {wa}u : (unsigned int)warp;"));
-        w(4, "const bool has_next = in_group || g + row_blocks < n_groups;");
-        one_job(&mut w, 4)?;
-        w(3, "}");
-        w(3, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
-        w(4, "float v = acc[r];");
-        w(4, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
-        w(4, "if (lane == 0u) ds4_redr[warp][r] = v;");
-        w(3, "}");
-        w(3, "__syncthreads();");
-        let total: Vec<String> = (0..wa).map(|i| format!("ds4_redr[{i}][ds4_tid]")).collect();
-        w(3, &format!("if (ds4_tid < {rows}ull && g0 + ds4_tid < n) {{ {}[ds4_by * n + g0 + ds4_tid] = {}; }}", s.buffer("out"), total.join(" + ")));
-        w(3, "__syncthreads();");
-        w(2, "}");
+        group_loop(&mut w, ("ds4_bx", "row_blocks"), ("(unsigned int)warp", &format!("{wa}u")), &|w| warps_total(w, 3, "ds4_redr", rows, "acc", "g0"))?;
         w(2, "return;");
         w(1, "}");
 
         // Otherwise a warp per group: the warp's jobs (group by group, pick by pick, chunk
-        // by chunk) in sequence.
-        for l in [
-            format!("const unsigned long long first_group = ds4_bx * {wa}ull + warp;"),
-            format!("const unsigned long long group_step = row_blocks * {wa}ull;"),
-            "const unsigned long long my_groups = first_group < n_groups ? (n_groups - first_group + group_step - 1ull) / group_step : 0ull;".into(),
-            "unsigned int st = 0u;".into(),
-        ] {
-            w(1, &l);
-        }
-        w(1, "if (vectors && my_groups > 0ull) {");
-        issue(&mut w, 2, &format!("first_group * {rows}ull"), "0u", "0u");
-        w(1, "}");
-        w(1, "for (unsigned long long i = 0ull; i < my_groups; i += 1ull) {");
-        w(2, &format!("const unsigned long long g0 = (first_group + i * group_step) * {rows}ull;"));
-        w(2, &zero_acc);
-        w(2, "for (unsigned int jj = 0u; jj < row_jobs; jj += 1u) {");
-        w(3, "const bool in_group = jj + 1u < row_jobs;");
-        w(3, &format!("const unsigned long long next_g0 = in_group ? g0 : g0 + group_step * {rows}ull;"));
-        w(3, "const unsigned int next_jj = in_group ? jj + 1u : 0u;");
-        w(3, "const bool has_next = in_group || i + 1ull < my_groups;");
-        one_job(&mut w, 3)?;
-        w(2, "}");
-        w(2, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
-        w(3, "float v = acc[r];");
-        w(3, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
-        w(3, &format!("if (lane == 0u && g0 + r < n) {{ {}[ds4_by * n + g0 + r] = v; }}", s.buffer("out")));
-        w(2, "}");
+        // by chunk) in sequence, its lanes' sums stored by lane 0.
+        w(1, "{");
+        group_loop(&mut w, (&format!("ds4_bx * {wa}ull + warp"), &format!("row_blocks * {wa}ull")), ("0u", "1u"), &|w| {
+            w(3, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+            w(4, "float v = acc[r];");
+            w(4, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+            w(4, &format!("if (lane == 0u && g0 + r < n) {{ {}[ds4_by * n + g0 + r] = v; }}", s.buffer("out")));
+            w(3, "}");
+        })?;
         w(1, "}");
         Ok(o)
     }
