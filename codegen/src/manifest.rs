@@ -187,14 +187,8 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         use quant::cuda_split;
         let file = format!("{}.{ext}", cuda_split::NAME);
         files.push(SourceFile { file: file.clone(), source: cuda_split::source() });
-        entries.push(format!(
-            "    {{\"name\": \"{}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"params\": {}, \"launch\": {{\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]}}, \"shared_mem_bytes\": 0}}",
-            cuda_split::NAME,
-            json_list(ops.iter().copied()),
-            qparams_json(&cuda_split::params()),
-            16 * cuda_split::THREADS,
-            cuda_split::THREADS
-        ));
+        let launch = format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", 16 * cuda_split::THREADS, cuda_split::THREADS);
+        entries.push(cuda_entry(cuda_split::NAME, ops, &file, "", &qparams_json(&cuda_split::params()), &launch, 0));
     }
     for ((kind, t), ops) in &set.quant {
         if !kind.available(target) {
@@ -289,10 +283,16 @@ fn op_entry(k: &Kernel, ops: &BTreeSet<&'static str>, file: &str, target: Target
 /// `launch` (the JSON object's fields) and shared memory.
 fn contract_entry(name: &str, contract: &Kernel, ops: &BTreeSet<&'static str>, file: &str, launch: &str, shared: u32) -> String {
     let (dtypes, params) = params_json(contract);
+    let extra = format!("\"contract\": \"{}\", \"dtypes\": {dtypes}, ", contract.name);
+    cuda_entry(name, ops, file, &extra, &params, launch, shared)
+}
+
+/// A CUDA-text kernel's entry: `extra` fields (each ending in ", ") before its `params`
+/// (a JSON list), its own `launch` (the JSON object's fields) and shared memory.
+fn cuda_entry(name: &str, ops: &BTreeSet<&'static str>, file: &str, extra: &str, params: &str, launch: &str, shared: u32) -> String {
     format!(
-        "    {{\"name\": \"{name}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, \"contract\": \"{}\", \"dtypes\": {dtypes}, \"params\": {params}, \"launch\": {{{launch}}}, \"shared_mem_bytes\": {shared}}}",
+        "    {{\"name\": \"{name}\", \"kind\": \"cuda\", \"file\": \"{file}\", \"ops\": {}, {extra}\"params\": {params}, \"launch\": {{{launch}}}, \"shared_mem_bytes\": {shared}}}",
         json_list(ops.iter().copied()),
-        contract.name,
     )
 }
 

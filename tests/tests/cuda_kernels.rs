@@ -217,9 +217,7 @@ fn x_parts_args(dev: &Arc<Device>, ks: &Kernels, mm: &Loaded, x: u64, len: usize
         return (x_parts::mma_args(None, dummy).map(|(_, a)| a).to_vec(), None);
     }
     let parts = x_parts::XParts::alloc(dev, len).unwrap();
-    let split = ks.get(x_parts::SPLIT_KERNEL).unwrap();
-    let (grid, named) = parts.split_args(x);
-    launch(dev, &split.func, grid, (split.threads, 1, 1), 0, &named.map(|(_, a)| a)).unwrap();
+    parts.split(dev, ks.get(x_parts::SPLIT_KERNEL).unwrap(), x).unwrap();
     (x_parts::mma_args(Some(&parts), dummy).map(|(_, a)| a).to_vec(), Some(parts))
 }
 
@@ -658,8 +656,9 @@ fn matvec_on_aligned_rows_with_picks() {
         // one 4 KiB chunk.
         let bb = t.bytes_for(t.block_elems() as u64).unwrap() as usize;
         let unit = 16 / gcd(bb, 16);
-        // Few rows (a block per row: its warps share the chunks) or many (a warp per row,
-        // next chunk prefetched): the kernel picks by n · tokens (MATVEC_SPLIT_BELOW).
+        // Few rows (a block per row or per group of rows, its warps sharing the chunks) or
+        // many (a warp per group of rows): the kernel picks by n · tokens
+        // (MATVEC_SPLIT_BELOW) and the groups (`matvec_block_rows`).
         let many = r.next() % 2 == 0;
         // Few rows: a block per row (up to 69), or per group of rows when there are enough
         // groups (512-1499 rows of 2-3 KiB: two or three chunks a row). The longest rows

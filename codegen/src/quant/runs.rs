@@ -107,9 +107,7 @@ impl Lower<'_> {
             Expr::Sub => Level::Sub,
             Expr::Lane => Level::Elem,
             Expr::Var(name, _) => self.spec.let_(name).map_or(Level::Elem, |l| l.level),
-            Expr::Load(_, _, a) | Expr::Table(_, _, a) | Expr::Unary(_, _, a) | Expr::Cast(_, a) | Expr::Bitcast(_, a) => self.level(a),
-            Expr::Binary(_, _, a, b) => self.level(a).max(self.level(b)),
-            Expr::Select(_, c, a, b) => self.level(c).max(self.level(a)).max(self.level(b)),
+            _ => e.children().into_iter().map(|c| self.level(c)).max().unwrap_or(Level::Block),
         }
     }
 

@@ -121,6 +121,14 @@ struct Unit {
     reads_x_parts: bool,
 }
 
+impl Unit {
+    /// A CUDA-text kernel with its own block layout: `threads` a block, one item a block,
+    /// `dyn_shared` bytes of dynamic shared memory.
+    fn fixed(name: &str, source: String, params: Vec<(String, ParamSig)>, threads: u32, dyn_shared: u32) -> Unit {
+        Unit { name: name.into(), any_block: false, source, params, threads, splits_items: false, stages_out: false, dyn_shared, reads_x_parts: false }
+    }
+}
+
 impl Kernels {
     /// Compiles `set` for `dev` (in parallel: NVRTC is thread-safe).
     pub fn compile(dev: &Device, set: &KernelSet) -> Result<Kernels, CudaError> {
@@ -143,15 +151,15 @@ impl Kernels {
         }
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit { name: cuda_attention::NAME.into(), any_block: false, source, params: op_params(&cuda_attention::contract()), splits_items: false, stages_out: false, threads: cuda_attention::THREADS, dyn_shared: cuda_attention::DYN_SHARED_BYTES, reads_x_parts: false });
+            units.push(Unit::fixed(cuda_attention::NAME, source, op_params(&cuda_attention::contract()), cuda_attention::THREADS, cuda_attention::DYN_SHARED_BYTES));
         }
         if set.cuda.contains_key(cuda_hc_mix::NAME) {
             let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;
-            units.push(Unit { name: cuda_hc_mix::NAME.into(), any_block: false, source, params: op_params(&cuda_hc_mix::contract()), splits_items: false, stages_out: false, threads: cuda_hc_mix::THREADS, dyn_shared: 0, reads_x_parts: false });
+            units.push(Unit::fixed(cuda_hc_mix::NAME, source, op_params(&cuda_hc_mix::contract()), cuda_hc_mix::THREADS, 0));
         }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;
-            units.push(Unit { name: cuda_split::NAME.into(), any_block: false, source: cuda_split::source(), params: quant_params(&cuda_split::params()), splits_items: false, stages_out: false, threads: cuda_split::THREADS, dyn_shared: 0, reads_x_parts: false });
+            units.push(Unit::fixed(cuda_split::NAME, cuda_split::source(), quant_params(&cuda_split::params()), cuda_split::THREADS, 0));
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {

@@ -194,8 +194,7 @@ pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, Stri
                 // call as the runtime makes them (`x_parts.rs`).
                 args.extend([u(c.k), u(0)]);
                 if let Some(p) = &parts {
-                    let (grid, named) = p.split_args(xb.ptr);
-                    launch(&dev, &split.func, grid, (split.threads, 1, 1), 0, &named.map(|(_, a)| a))?;
+                    p.split(&dev, split, xb.ptr)?;
                 }
                 args.extend(x_parts::mma_args(parts.as_ref(), dummy.ptr).map(|(_, a)| a));
             }

@@ -5,7 +5,8 @@
 //! on the TF32 path read x itself and need none (their three trailing arguments are
 //! placeholders).
 
-use super::device::{Arg, CudaError, Device, DeviceBuf};
+use super::compile::Loaded;
+use super::device::{launch, Arg, CudaError, Device, DeviceBuf};
 use ds4_codegen::quant::cuda_split;
 use std::sync::Arc;
 
@@ -41,6 +42,13 @@ impl XParts {
     pub fn split_args(&self, x: u64) -> ((u32, u32, u32), SplitArgs) {
         let grid = (cuda_split::blocks(self.len) as u32, 1, 1);
         (grid, [("planes", Arg::Ptr(self.planes.ptr)), ("sums", Arg::Ptr(self.sums.ptr)), ("x", Arg::Ptr(x)), ("n", Arg::U64(self.len as u64))])
+    }
+
+    /// Launches `split` (the loaded `split_x_bf16x3`) over x at `x` into these parts, by
+    /// itself (the executor goes through its own checked call instead).
+    pub fn split(&self, dev: &Device, split: &Loaded, x: u64) -> Result<(), CudaError> {
+        let (grid, named) = self.split_args(x);
+        launch(dev, &split.func, grid, (split.threads, 1, 1), 0, &named.map(|(_, a)| a))
     }
 }
 
