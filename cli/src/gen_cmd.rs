@@ -28,9 +28,9 @@ pub fn run(a: GenArgs) -> Result<()> {
         KernelSet::everything()
     } else {
         let model = load_model(a.model.as_deref())?;
-        let mut set = KernelSet::for_graph(&model.graph);
+        let mut set = KernelSet::for_graph(&model.graph, a.target);
         // The plain graph (no round trips) is a session option: its kernels are a subset.
-        set.extend(KernelSet::for_graph(&model.graph_plain));
+        set.extend(KernelSet::for_graph(&model.graph_plain, a.target));
         set
     };
     let (files, manifest) = generate(&set, a.target)?;

@@ -13,7 +13,7 @@
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::{cuda_attention, cuda_hc_mix, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
-use ds4_ir::{DType, GgmlType, Graph, Op};
+use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
@@ -76,8 +76,9 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
 }
 
 impl KernelSet {
-    /// Every kernel `graph` runs.
-    pub fn for_graph(graph: &Graph) -> KernelSet {
+    /// Every kernel `graph` runs on `target` (its weights in their device types,
+    /// `quant::device_type`).
+    pub fn for_graph(graph: &Graph, target: Target) -> KernelSet {
         let mut set = KernelSet::default();
         for id in graph.order() {
             let node = graph.node(id);
@@ -105,7 +106,14 @@ impl KernelSet {
             }
             let ins = graph.inputs(id);
             for &i in weight_inputs {
-                if let DType::Weight(t) = graph.node(ins[i]).ty.dtype {
+                let w = &graph.node(ins[i]).ty;
+                if let DType::Weight(t) = w.dtype {
+                    // GGUF order reversed: the last dimension is the row.
+                    let row_len = match w.shape.0.last() {
+                        Some(&Dim::Const(n)) => n as u64,
+                        _ => 1,
+                    };
+                    let t = quant::device_type(target, t, row_len);
                     for &kind in kinds {
                         set.quant.entry((kind, t)).or_default().insert(node.op.name());
                     }

@@ -30,7 +30,7 @@ pub mod cuda_split;
 mod metal;
 mod runs;
 
-pub use cuda_matvec::{block_rows as matvec_block_rows, MATVEC_WARPS, SPLIT_BELOW as MATVEC_SPLIT_BELOW};
+pub use cuda_matvec::{block_rows as matvec_block_rows, reads_in_place as matvec_reads_in_place, split_below as matvec_split_below, MATVEC_WARPS};
 pub use cuda_mma::{mma_k_unit, MMA_ROWS, MMA_TOKENS};
 mod wgsl;
 
@@ -231,6 +231,21 @@ pub fn kernel_name(kind: QuantKernelKind, t: GgmlType) -> String {
     format!("{}_{}", kind.prefix(), type_slug(t))
 }
 
+/// The type a weight of type `ty`, in rows of `row_len` elements, has on `target`'s
+/// devices: Q8_0 rows of a multiple of 16 bytes as Q8_0_R (256 values) are uploaded to
+/// CUDA devices as Q8_0_R (the same bytes regrouped, `ds4_ir::quant::regroup_q8_0`),
+/// whose mat-vec reads them in place (`cuda_matvec.rs`, the direct path); every other
+/// weight keeps its file's type. The kernels a graph needs (`KernelSet::for_graph`) and the upload agree through
+/// this function.
+pub fn device_type(target: Target, ty: GgmlType, row_len: u64) -> GgmlType {
+    let cuda = matches!(target, Target::CudaSm90 | Target::CudaSm120);
+    if cuda && ty == GgmlType::Q8_0 && GgmlType::Q8_0R.bytes_for(row_len).is_some_and(|b| b % 16 == 0) {
+        GgmlType::Q8_0R
+    } else {
+        ty
+    }
+}
+
 /// What a target spells its own way. Every method returns text; the core decides what
 /// is computed.
 pub trait QuantSyntax {
@@ -263,6 +278,16 @@ pub trait QuantSyntax {
     /// words that hold them (`buf` 4-byte aligned and readable 4 bytes past `addr + 3`);
     /// `None` where the target has no such read (then the bytes are read one by one).
     fn word32(&self, _buf: &str, _addr: &str) -> Option<String> {
+        None
+    }
+    /// The `bytes` (2 or 4) bytes at `addr` of `buf`, an address that is a multiple of
+    /// `bytes`, as one load (a u32); `None` where the target has no such read.
+    fn aligned_load(&self, _buf: &str, _addr: &str, _bytes: u64) -> Option<String> {
+        None
+    }
+    /// `name`, a vector of `count` (2 or 4) u32 words read at `addr` of `buf`, a multiple of
+    /// 4 · count, in one load: its declaration and its words' expressions.
+    fn aligned_words(&self, _name: &str, _buf: &str, _addr: &str, _count: u64) -> Option<(String, Vec<String>)> {
         None
     }
     /// A local declaration statement.
@@ -383,7 +408,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let own_sum = syn.block_sum("v").is_some();
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
-    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None, dot: false };
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Bytes, run_elem: None, dot: false };
     src.push_str(&lower.helpers(kind != QuantKernelKind::DequantRows)?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
@@ -469,17 +494,30 @@ struct Lower<'a> {
     /// The byte buffer block fields are read from: the weight param `ds4_w`, or a
     /// shared-memory copy of part of a row (the CUDA mat-vec's staging, `cuda_matvec.rs`).
     wbuf: &'static str,
-    /// Whether `wbuf` is a staged copy, 4-byte aligned with padding after it, whose
-    /// multi-byte fields are read as aligned words (`QuantSyntax::word32`): two word
-    /// loads and a funnel shift instead of a load per byte (fields of 66- and 84-byte
-    /// blocks are at best 2-byte aligned).
-    words: bool,
+    /// How multi-byte fields of `wbuf` are read.
+    reads: Reads,
     /// Inside a run whose byte reads are hoisted (`runs.rs`, `Lower::run_byte_words`):
     /// the element's index in the run, a literal.
     run_elem: Option<u64>,
     /// The values only feed dot products: a NaN makes the sum NaN whatever its bits, so
     /// halves convert without keeping NaN payloads (`QuantSyntax::f16_to_f32_dot_fn`).
     dot: bool,
+}
+
+/// How a lowering reads the multi-byte fields of its byte buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reads {
+    /// Byte by byte: any alignment, nothing read past a field.
+    Bytes,
+    /// A staged copy, 4-byte aligned with padding after it: a field as the two aligned
+    /// words that hold it and a funnel shift (`QuantSyntax::word32`; fields of 66- and
+    /// 84-byte blocks are at best 2-byte aligned).
+    Staged,
+    /// Rows whose blocks start 16-byte aligned (`block_bytes` a multiple of 16, read in
+    /// place by the CUDA mat-vec's direct path): a field whose address is a known
+    /// multiple of its width is one load of that width (`QuantSyntax::aligned_load`),
+    /// any other byte by byte (nothing is read past a block).
+    Aligned,
 }
 
 /// Greatest common divisor.
@@ -527,10 +565,45 @@ impl Lower<'_> {
     /// (offsets of a few KiB; 64-bit math costs the GPU two or more instructions for
     /// each of its many address steps), the index word over whole weight tensors.
     fn iw(&self) -> Word {
-        if self.words {
-            Word::U32
-        } else {
+        if self.reads == Reads::Bytes {
             Word::Idx
+        } else {
+            Word::U32
+        }
+    }
+
+    /// Whether multi-byte reads go through words (staged or aligned), which also lets
+    /// runs hoist their byte reads (`runs.rs`).
+    fn words(&self) -> bool {
+        self.reads != Reads::Bytes
+    }
+
+    /// Bytes every block's start is a multiple of (1: not known).
+    fn block_align(&self) -> u64 {
+        match self.reads {
+            Reads::Aligned => gcd(self.spec.block_bytes as u64, 16),
+            _ => 1,
+        }
+    }
+
+    /// A number `e`'s value is known to be a multiple of (0: it is 0), for alignment:
+    /// only the powers of two that divide it are used.
+    fn known_multiple(&self, e: &Expr) -> u64 {
+        match *e {
+            Expr::Int(t, bits) => Expr::int_value(t, bits).unsigned_abs().min(1 << 20) as u64,
+            // Inside a run, `j` is `uj + jj` (uj a multiple of the run) or the literal jj.
+            Expr::Lane => match (self.run_elem, self.shape()) {
+                (Some(jj), runs::Shape::InSub { run }) if run == self.spec.sub_block as u64 => jj,
+                (Some(jj), runs::Shape::InSub { run }) => gcd(run, jj),
+                _ => 1,
+            },
+            Expr::Var(name, _) => self.spec.let_(name).map_or(1, |l| self.known_multiple(l.value)),
+            Expr::Binary(BinOp::Mul, _, a, b) => (self.known_multiple(a) * self.known_multiple(b)).min(1 << 20),
+            Expr::Binary(BinOp::Add | BinOp::Sub, _, a, b) => gcd(self.known_multiple(a), self.known_multiple(b)),
+            // Integer conversions keep a power of two dividing the value (alignments are
+            // taken with gcd(.., 16)).
+            Expr::Cast(_, a) => self.known_multiple(a),
+            _ => 1,
         }
     }
     /// An index constant (in `iw`).
@@ -568,19 +641,27 @@ impl Lower<'_> {
         }
     }
 
-    /// Little-endian load of element `index` (an expression of any integer word) of
-    /// a field at `offset` with element type `t`.
-    fn field_load(&self, offset: usize, t: Ty, index: Option<String>) -> Result<String, QuantGenError> {
+    /// Little-endian load of element `index` (an expression of any integer word, and a
+    /// number it is known to be a multiple of) of a field at `offset` with element type `t`.
+    fn field_load(&self, offset: usize, t: Ty, index: Option<(String, u64)>) -> Result<String, QuantGenError> {
         let s = self.syn;
         let n = t.bytes();
-        let base = match index {
-            None => format!("(ds4_blk + {})", self.idx(offset as u64)),
-            Some(i) => format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(self.iw(), &i), self.idx(n as u64)),
+        let (base, align) = match index {
+            None => (format!("(ds4_blk + {})", self.idx(offset as u64)), gcd(self.block_align(), offset as u64)),
+            Some((i, m)) => (
+                format!("(ds4_blk + {} + {} * {})", self.idx(offset as u64), s.cast(self.iw(), &i), self.idx(n as u64)),
+                gcd(gcd(self.block_align(), offset as u64), m * n as u64),
+            ),
         };
         let at = |k: usize| if k == 0 { base.clone() } else { format!("{base} + {}", self.idx(k as u64)) };
         let byte = |k: usize| s.byte(self.wbuf, &at(k));
         let assemble = |from: usize, count: usize| -> String {
-            if self.words && count >= 2 {
+            if self.reads == Reads::Aligned && (count == 2 || count == 4) && gcd(align, from as u64) % count as u64 == 0 {
+                if let Some(v) = s.aligned_load(self.wbuf, &at(from), count as u64) {
+                    return v;
+                }
+            }
+            if self.reads == Reads::Staged && count >= 2 {
                 if let Some(word) = s.word32(self.wbuf, &at(from)) {
                     return if count == 4 { word } else { format!("({word} & {})", self.u32((1u64 << (8 * count)) - 1)) };
                 }
@@ -625,7 +706,7 @@ impl Lower<'_> {
                     return Ok(v);
                 }
                 let f = self.spec.field(name).ok_or_else(|| QuantGenError(format!("no field {name}")))?;
-                self.field_load(f.offset, t, Some(self.expr(i)?))?
+                self.field_load(f.offset, t, Some((self.expr(i)?, self.known_multiple(i))))?
             }
             Expr::Table(name, t, i) => match self.run_byte(e, t) {
                 Some(v) => v,

@@ -42,6 +42,9 @@ pub enum GgmlType {
     Tq1_0,
     Tq2_0,
     Mxfp4,
+    /// Not a GGUF type: Q8_0 rows regrouped for devices that read weights straight from
+    /// global memory (`quant/q8_0_r.rs`). Never read from a file.
+    Q8_0R,
 }
 
 /// (type, ggml id, name, elements per block, bytes per block)
@@ -78,15 +81,25 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::Tq1_0, 34, "TQ1_0", 256, 54),
     (GgmlType::Tq2_0, 35, "TQ2_0", 256, 66),
     (GgmlType::Mxfp4, 39, "MXFP4", 32, 17),
+    // Device layouts: ids past GGML's, which a file's tensor may not name (`from_id`).
+    (GgmlType::Q8_0R, DEVICE_IDS, "Q8_0_R", 64, 68),
 ];
+
+/// The first id of the device-only layouts (none of them is a GGML type).
+const DEVICE_IDS: u32 = 0x4000_0000;
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         TABLE.iter().find(|r| r.0 == self).expect("every GgmlType is in TABLE")
     }
-    /// The type for a GGML id, or None for an id this build does not know.
+    /// The type for a GGML id, or None for an id this build does not know (device-only
+    /// layouts are not GGML types: a file cannot name them).
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        TABLE.iter().find(|r| r.1 == id).map(|r| r.0)
+        TABLE.iter().find(|r| r.1 == id && id < DEVICE_IDS).map(|r| r.0)
+    }
+    /// A layout ds4 makes on a device, never found in a GGUF file.
+    pub fn is_device_layout(self) -> bool {
+        self.row().1 >= DEVICE_IDS
     }
     pub fn from_name(name: &str) -> Option<GgmlType> {
         TABLE.iter().find(|r| r.2.eq_ignore_ascii_case(name)).map(|r| r.0)
@@ -149,11 +162,12 @@ mod tests {
     use super::*;
     #[test]
     fn ids_round_trip() {
-        for r in TABLE {
+        for r in TABLE.iter().filter(|r| !r.0.is_device_layout()) {
             assert_eq!(GgmlType::from_id(r.1), Some(r.0));
             assert_eq!(GgmlType::from_name(r.2), Some(r.0));
         }
         assert_eq!(GgmlType::from_id(1000), None);
+        assert_eq!(GgmlType::from_id(GgmlType::Q8_0R.id()), None, "a device layout is not a file type");
         assert_eq!(GgmlType::Q8_0.bytes_for(64), Some(68));
         assert_eq!(GgmlType::Q8_0.bytes_for(33), None);
     }

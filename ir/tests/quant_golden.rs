@@ -214,6 +214,35 @@ fn float_types_round_trip_golden_raw() {
     }
 }
 
+/// Q8_0_R (a device layout, no golden file of its own) holds the same numbers as the Q8_0
+/// blocks it regroups: the golden Q8_0 rows, regrouped, de-quantize to the golden values
+/// bit for bit, and their dot products agree with Q8_0's.
+#[test]
+fn regrouped_q8_0_dequantizes_as_the_golden_q8_0() {
+    let g = Golden::load(GgmlType::Q8_0).unwrap_or_else(|| panic!("no golden Q8_0 file in {}", golden_dir().display()));
+    let (rshape, raw) = g.u8("raw");
+    let (dshape, want) = g.f32("dequant");
+    let (rows, cols, row_bytes) = (dshape[0], dshape[1], rshape[1]);
+    assert_eq!(cols % GgmlType::Q8_0R.block_elems(), 0, "golden Q8_0 rows are whole Q8_0_R blocks");
+    let x = g.f32("x").1;
+    let mut regrouped = vec![0u8; row_bytes];
+    let mut got = vec![0f32; cols];
+    for r in 0..rows {
+        let src = &raw[r * row_bytes..(r + 1) * row_bytes];
+        quant::regroup_q8_0(src, &mut regrouped).unwrap();
+        quant::dequantize_row(GgmlType::Q8_0R, &regrouped, &mut got).unwrap();
+        for c in 0..cols {
+            assert_eq!(got[c].to_bits(), want[r * cols + c].to_bits(), "row {r} col {c}");
+        }
+        let (a, b) = (quant::dot_row(GgmlType::Q8_0R, &regrouped, &x).unwrap(), quant::dot_row(GgmlType::Q8_0, src, &x).unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "row {r}: dot {a} vs Q8_0's {b}");
+    }
+    // Whole Q8_0_R blocks only, and the destination as long as the source.
+    assert!(quant::regroup_q8_0(&raw[..34 * 7], &mut regrouped[..34 * 7]).is_err());
+    assert!(quant::regroup_q8_0(&raw[..34 * 3], &mut regrouped[..34 * 3]).is_err());
+    assert!(quant::regroup_q8_0(&raw[..136], &mut regrouped[..135]).is_err());
+}
+
 #[test]
 fn bad_lengths_are_errors() {
     for &t in quant::supported() {

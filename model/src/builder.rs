@@ -83,7 +83,7 @@ impl Builder<'_> {
         let supported = supported_weight_types();
         let ok = if ty == GgmlType::I32 { !float_only } else { supported.contains(&ty) && (!float_only || !ty.is_quantized()) };
         if !ok {
-            let names: Vec<&str> = supported.iter().map(|t| t.name()).collect();
+            let names: Vec<&str> = supported.iter().filter(|t| !t.is_device_layout()).map(|t| t.name()).collect();
             return Err(BuildError::Type { name: name.to_string(), ty, supported: names.join(", ") });
         }
         let shape: Vec<Dim> = ne.iter().rev().map(|&n| Dim::Const(n)).collect();

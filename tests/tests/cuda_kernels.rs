@@ -658,7 +658,7 @@ fn matvec_on_aligned_rows_with_picks() {
         let unit = 16 / gcd(bb, 16);
         // Few rows (a block per row or per group of rows, its warps sharing the chunks) or
         // many (a warp per group of rows): the kernel picks by n · tokens
-        // (MATVEC_SPLIT_BELOW) and the groups (`matvec_block_rows`).
+        // (`matvec_split_below`) and the groups (`matvec_block_rows`).
         let many = r.next() % 2 == 0;
         // Few rows: a block per row (up to 69), or per group of rows when there are enough
         // groups (512-1499 rows of 2-3 KiB: two or three chunks a row). The longest rows
@@ -676,7 +676,7 @@ fn matvec_on_aligned_rows_with_picks() {
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         assert_eq!(rb % 16, 0);
         let groups = if many { r.range(1, 4) } else { 1 };
-        let n = if many { (ds4_runtime::cuda::MATVEC_SPLIT_BELOW as usize + r.range(0, 64)).next_multiple_of(groups) } else if grouped { r.range(512, 1500) } else { r.range(1, 70) };
+        let n = if many { (ds4_runtime::cuda::matvec_split_below(t) as usize + r.range(0, 64)).next_multiple_of(groups) } else if grouped { r.range(512, 1500) } else { r.range(1, 70) };
         let ng = n / groups;
         let (experts, tokens, picks) = (if grouped { r.range(1, 3) } else { r.range(1, 5) }, r.range(1, 3), r.range(1, 4));
         let src: Vec<f32> = r.f32_floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
@@ -697,11 +697,13 @@ fn matvec_on_aligned_rows_with_picks() {
         let out = dev.alloc(tokens * n * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
         let row_blocks = r.range(1, n.div_ceil(4) + 1);
-        let path = match ds4_runtime::cuda::matvec_block_rows(bb as u64, n as u64, tokens as u64, groups as u64, ng as u64) {
+        let path = match ds4_runtime::cuda::matvec_block_rows(t, n as u64, tokens as u64, groups as u64, ng as u64) {
             1 => "a block per row",
             r if r < 16 => "a block per row group",
             _ => "a warp per row group",
         };
+        // The device layouts are read in place (no staging).
+        let path = if ds4_runtime::cuda::matvec_reads_in_place(t) { format!("{path}, read in place") } else { path.to_string() };
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(w.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wb.ptr), u(n), u(k), u(rb), u(picks), u(1), u(groups), u(ng), u(1), u(1), u(row_blocks)];
         launch(&dev, &mv.func, (row_blocks as u32, tokens as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();

@@ -34,7 +34,8 @@
 
 use super::lcm;
 use super::runs::{Token, Walk};
-use super::{Lower, QuantGenError};
+use super::{Lower, QuantGenError, Reads};
+use ds4_ir::GgmlType;
 use std::fmt::Write;
 
 /// Warps per block.
@@ -91,9 +92,9 @@ pub const SPLIT_BELOW: u64 = 4096;
 /// groups of `ng` rows (`groups` > 1: a grouped mat-vec, each group reading its own x):
 /// one on the few-rows path (few rows, or groups that a warp's rows would straddle),
 /// else a row group per warp. The kernel makes the same choice.
-pub fn block_rows(block_bytes: u64, n: u64, m: u64, groups: u64, ng: u64) -> u64 {
-    let r = rows_per_warp(block_bytes);
-    let few = n * m < SPLIT_BELOW;
+pub fn block_rows(ty: GgmlType, n: u64, m: u64, groups: u64, ng: u64) -> u64 {
+    let r = rows_per_warp(ty.block_bytes() as u64);
+    let few = n * m < split_below(ty);
     if (groups > 1 && ng % r != 0) || (few && n.div_ceil(r) * m < BLOCK_GROUPS_FROM) {
         1
     } else if few {
@@ -102,6 +103,24 @@ pub fn block_rows(block_bytes: u64, n: u64, m: u64, groups: u64, ng: u64) -> u64
         MATVEC_WARPS * r
     }
 }
+
+/// Rows (times blocks along y) below which a block shares each row or row group:
+/// [`SPLIT_BELOW`], or [`DIRECT_SPLIT_BELOW`] for rows read in place.
+pub fn split_below(ty: GgmlType) -> u64 {
+    if reads_in_place(ty) {
+        DIRECT_SPLIT_BELOW
+    } else {
+        SPLIT_BELOW
+    }
+}
+
+/// [`SPLIT_BELOW`] of the direct path: a warp reading in place has only its runs' loads in
+/// flight (a staged warp has its next chunks' copies), so rows need more warps sooner.
+/// Measured on the H200 (`ds4 bench --matvec`, µs, 4096 → 16384): `attn_output_b` (4096
+/// rows of 8192) 24.5 → 17.7, the shared expert's down 8.7 → 7.7, the rest unchanged
+/// (65536: `attn_q_b` 16.1 → 22.3); decode at ctx 96 62.0 → 63.6 t/s. Four runs a
+/// loop step instead of [`RUN_UNROLL`]'s two: the head 157.5 → 166.0.
+pub const DIRECT_SPLIT_BELOW: u64 = 16384;
 
 /// Few rows (n · m below [`SPLIT_BELOW`]) in at least this many row groups (times blocks
 /// along y): a block per group, its warps sharing the group's chunks (x loaded once for
@@ -192,7 +211,7 @@ impl Lower<'_> {
                 w(depth, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows].join(", ")));
             }
             w(depth, &format!("#pragma unroll {RUN_UNROLL}"));
-            let staged = Lower { words: true, dot: true, ..*self };
+            let staged = Lower { reads: Reads::Staged, dot: true, ..*self };
             for (d, l) in staged.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }], bufs)? {
                 w(depth + d, &l);
             }
@@ -220,6 +239,9 @@ impl Lower<'_> {
             w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {}[ds4_by * n + {first} + ds4_tid] = {}; }}", s.buffer("out"), total.join(" + ")));
             w(depth, "__syncthreads();");
         };
+        if reads_in_place(self.spec.ggml) {
+            self.direct_paths(&mut w, &warps_total)?;
+        }
         // Rows not 16-byte aligned: the chunk byte by byte.
         let byte_copy = |dst: &str, src: &str| format!("for (unsigned int i = lane; i < len; i += 32u) {dst}[i] = ds4_w[{src} + i];");
 
@@ -239,7 +261,8 @@ impl Lower<'_> {
         // one is computed), their sums added through shared memory. A warp per row would
         // leave most of the GPU idle (the hyper-connection and router mat-vecs have 24-256
         // rows of up to 32 KiB).
-        w(1, &format!("if ((groups > 1ull && ng % {rows}ull != 0ull) || (n * gridDim.y < {SPLIT_BELOW}ull && (n + {}ull) / {rows}ull * gridDim.y < {BLOCK_GROUPS_FROM}ull)) {{", rows - 1));
+        let split = split_below(self.spec.ggml);
+        w(1, &format!("if ((groups > 1ull && ng % {rows}ull != 0ull) || (n * gridDim.y < {split}ull && (n + {}ull) / {rows}ull * gridDim.y < {BLOCK_GROUPS_FROM}ull)) {{", rows - 1));
         w(2, &format!("const unsigned int n_chunks = (unsigned int)((row_bytes + {c}ull) / {chunk}ull);", c = chunk - 1));
         w(2, "const unsigned long long row_jobs = picks * n_chunks;");
         w(2, &format!("uint4 pf[{pf}];"));
@@ -341,7 +364,7 @@ impl Lower<'_> {
 
         // Few rows in enough groups (`block_rows`): a block per group, warp w taking jobs
         // w, w + 4, .., the warps' sums added through shared memory.
-        w(1, &format!("if (n * gridDim.y < {SPLIT_BELOW}ull) {{"));
+        w(1, &format!("if (n * gridDim.y < {split}ull) {{"));
         w(2, &format!("__shared__ float ds4_redr[{wa}][{rows}];"));
         group_loop(&mut w, ("ds4_bx", "row_blocks"), ("(unsigned int)warp", &format!("{wa}u")), &|w| warps_total(w, 3, "ds4_redr", rows, "acc", "g0"))?;
         w(2, "return;");
@@ -350,17 +373,121 @@ impl Lower<'_> {
         // Otherwise a warp per group: the warp's jobs (group by group, pick by pick, chunk
         // by chunk) in sequence, its lanes' sums stored by lane 0.
         w(1, "{");
-        group_loop(&mut w, (&format!("ds4_bx * {wa}ull + warp"), &format!("row_blocks * {wa}ull")), ("0u", "1u"), &|w| {
-            w(3, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
-            w(4, "float v = acc[r];");
-            w(4, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
-            w(4, &format!("if (lane == 0u && g0 + r < n) {{ {}[ds4_by * n + g0 + r] = v; }}", s.buffer("out")));
-            w(3, "}");
-        })?;
+        group_loop(&mut w, (&format!("ds4_bx * {wa}ull + warp"), &format!("row_blocks * {wa}ull")), ("0u", "1u"), &|w| warp_store(w, 3, rows, &s.buffer("out")))?;
         w(1, "}");
         Ok(o)
     }
 }
+
+impl Lower<'_> {
+    /// Rows read in place (`reads_in_place`: Q8_0_R) when they are 16-byte aligned: every
+    /// block starts at least 4-byte aligned, and the lanes read their runs' fields in
+    /// place, in loads as wide as the fields' alignment allows (`Reads::Aligned`), with no
+    /// staging. The same three paths as the staged kernel (`block_rows`), each lane
+    /// walking runs `first`, `first + stride`, .. of whole rows. Measured on the H200 with
+    /// a standalone kernel (µs, Q8_0 staged → regrouped in place, 8-byte loads): the output
+    /// head 223 → 138; in `ds4 bench --matvec` (Q8_0 → Q8_0_R): the head 231 → 163,
+    /// `attn_q_b` 22.1 → 16.3, `attn_output_b` 27.9 → 17.9.
+    fn direct_paths(&self, w: &mut dyn FnMut(usize, &str), warps_total: &dyn Fn(&mut dyn FnMut(usize, &str), usize, &str, u64, &str, &str)) -> Result<(), QuantGenError> {
+        let bb = self.spec.block_bytes as u64;
+        let rows = rows_per_warp(bb);
+        let wa = MATVEC_WARPS;
+        let in_place = Lower { reads: Reads::Aligned, dot: true, ..*self };
+        // Every pick of the rows from `row` (`n_rows` of them, the last ones clamped to row
+        // n - 1, a valid address) into `acc` (an array for more than one row).
+        let picks = |w: &mut dyn FnMut(usize, &str), depth: usize, row: &str, n_rows: u64, (first, stride): (&str, &str), acc: &str| -> Result<(), QuantGenError> {
+            w(depth, "for (unsigned long long jp = 0ull; jp < picks; jp++) {");
+            for l in [
+                "const unsigned long long p = ds4_by * picks + jp;".to_string(),
+                "const int pick = has_sel != 0ull ? ds4_sel[p] : 0;".into(),
+                "const unsigned long long ex = pick >= 0 ? (unsigned long long)pick : 0ull;".into(),
+                // 32-bit divisions (a 64-bit one is a long software routine).
+                format!("const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)({row}) / (unsigned int)ng) * k;"),
+            ] {
+                w(depth + 1, &l);
+            }
+            for (r, b) in DIRECT_BUFS.iter().enumerate().take(n_rows as usize) {
+                w(depth + 1, &format!("const unsigned char* const {b} = ds4_w + (ex * n + ({row} + {r}ull < n ? {row} + {r}ull : n - 1ull)) * row_bytes;"));
+            }
+            if n_rows == 1 {
+                w(depth + 1, "float part = 0.0f;");
+            } else {
+                w(depth + 1, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows as usize].join(", ")));
+            }
+            w(depth + 1, &format!("#pragma unroll {RUN_UNROLL}"));
+            let walk = Walk { first, stride, elems: "k", bytes_at: "0u", x_at: "" };
+            for (d, l) in in_place.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }], &DIRECT_BUFS[..n_rows as usize])? {
+                w(depth + 1 + d, &l);
+            }
+            w(depth + 1, "const float pw = has_wts != 0ull ? ds4_wts[p] : 1.0f;");
+            if n_rows == 1 {
+                w(depth + 1, &format!("if (pick >= 0) {{ {acc} = {acc} + pw * part; }}"));
+            } else {
+                w(depth + 1, &format!("if (pick >= 0) {{ for (int r = 0; r < {n_rows}; r++) {acc}[r] = {acc}[r] + pw * part[r]; }}"));
+            }
+            w(depth, "}");
+            Ok(())
+        };
+        let block_lanes = ("lane + 32u * (unsigned int)warp", "32u * 4u");
+        debug_assert_eq!(wa, 4);
+        w(1, "if (vectors) {");
+        w(2, &format!("const unsigned long long n_groups = (n + {}ull) / {rows}ull;", rows - 1));
+        // A block per row: its warps' lanes share the row.
+        let split = split_below(self.spec.ggml);
+        w(2, &format!("if ((groups > 1ull && ng % {rows}ull != 0ull) || (n * gridDim.y < {split}ull && n_groups * gridDim.y < {BLOCK_GROUPS_FROM}ull)) {{"));
+        w(3, &format!("__shared__ float ds4_red1[{wa}][1];"));
+        w(3, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
+        w(4, "float sacc = 0.0f;");
+        picks(w, 4, "srow", 1, block_lanes, "sacc")?;
+        warps_total(w, 4, "ds4_red1", 1, "sacc", "srow");
+        w(3, "}");
+        w(3, "return;");
+        w(2, "}");
+        // Few rows in enough groups: a block per group.
+        w(2, &format!("if (n * gridDim.y < {split}ull) {{"));
+        w(3, &format!("__shared__ float ds4_redg[{wa}][{rows}];"));
+        w(3, "for (unsigned long long g = ds4_bx; g < n_groups; g += row_blocks) {");
+        w(4, &format!("const unsigned long long g0 = g * {rows}ull;"));
+        w(4, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
+        picks(w, 4, "g0", rows, block_lanes, "acc")?;
+        warps_total(w, 4, "ds4_redg", rows, "acc", "g0");
+        w(3, "}");
+        w(3, "return;");
+        w(2, "}");
+        // Otherwise a warp per group.
+        w(2, &format!("for (unsigned long long g = ds4_bx * {wa}ull + warp; g < n_groups; g += row_blocks * {wa}ull) {{"));
+        w(3, &format!("const unsigned long long g0 = g * {rows}ull;"));
+        w(3, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
+        picks(w, 3, "g0", rows, ("lane", "32u"), "acc")?;
+        warp_store(w, 3, rows, &self.syn.buffer("out"));
+        w(2, "}");
+        w(2, "return;");
+        w(1, "}");
+        Ok(())
+    }
+}
+
+/// A warp's sums `acc[r]` of rows `g0 + r` (the `rows` of its group) over its lanes, stored
+/// into `out` by lane 0.
+fn warp_store(w: &mut dyn FnMut(usize, &str), depth: usize, rows: u64, out: &str) {
+    w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+    w(depth + 1, "float v = acc[r];");
+    w(depth + 1, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+    w(depth + 1, &format!("if (lane == 0u && g0 + r < n) {{ {out}[ds4_by * n + g0 + r] = v; }}"));
+    w(depth, "}");
+}
+
+/// Whether rows of `ty` are read in place (the direct path): the device layouts, made
+/// for it (Q8_0_R: 4-byte aligned blocks in 16-byte aligned rows, a run's quants two
+/// aligned words). The GGUF types keep staging: Q2_K's 84-byte blocks are 4-byte aligned
+/// too, but its routed experts measured 31.2 µs staged and 38.9 read in place (H200,
+/// `ds4 bench --matvec`).
+pub fn reads_in_place(ty: GgmlType) -> bool {
+    ty.is_device_layout()
+}
+
+/// Names of the rows read in place on the direct path.
+const DIRECT_BUFS: [&str; MAX_ROWS_PER_WARP as usize] = ["ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3"];
 
 #[cfg(test)]
 mod tests {
@@ -391,10 +518,14 @@ mod tests {
         // Q6_K's 1680-byte unit: two rows a warp.
         assert_eq!(rows_per_warp(210), 2);
         // A grouped mat-vec whose groups a warp's rows straddle takes the few-rows path.
-        assert_eq!(block_rows(34, 8192, 1, 8, 1024), MATVEC_WARPS * 4);
-        assert_eq!(block_rows(34, 8190, 1, 3, 2730), 1);
+        use ds4_ir::GgmlType::{Q8_0, Q8_0R};
+        assert_eq!(block_rows(Q8_0, 8192, 1, 8, 1024), MATVEC_WARPS * 4);
+        assert_eq!(block_rows(Q8_0, 8190, 1, 3, 2730), 1);
         // Few rows: a block per group of four, or per row when the groups are too few.
-        assert_eq!(block_rows(34, 1024, 1, 1, 1024), 4);
-        assert_eq!(block_rows(34, 512, 1, 1, 512), 1);
+        assert_eq!(block_rows(Q8_0, 1024, 1, 1, 1024), 4);
+        assert_eq!(block_rows(Q8_0, 512, 1, 1, 512), 1);
+        // Read in place: a block per group of four up to 16384 rows.
+        assert_eq!(block_rows(Q8_0R, 4096, 1, 1, 4096), 4);
+        assert_eq!(block_rows(Q8_0R, 16384, 1, 1, 16384), MATVEC_WARPS * 4);
     }
 }

@@ -61,7 +61,7 @@
 //! A tile must not straddle two row groups of a grouped matmul: the runtime uses this
 //! kernel when `groups == 1` or `ng` is a multiple of [`MMA_ROWS`], the SIMT one otherwise.
 
-use super::{Lower, QuantGenError};
+use super::{Lower, QuantGenError, Reads};
 use std::fmt::Write;
 
 /// Weight rows per block.
@@ -452,7 +452,7 @@ impl Lower<'_> {
         // slots plus the row's shift, less the stage's first block (the walk's element
         // indices are the row's: `ea < k` holds).
         let row_in_stage = |b: &str, s: &str| format!("({b}) * {}ull + trow * {}ull + (((unsigned long long)(ds4_w + row_at + (({s}) / {be}ull) * {bb}ull)) & 15ull) - (({s}) / {be}ull) * {bb}ull", st.buffer_bytes(), st.vectors * 16);
-        let staged = Lower { wbuf: "wst", words: true, dot: true, ..*self };
+        let staged = Lower { wbuf: "wst", reads: Reads::Staged, dot: true, ..*self };
         // The first stage and x tile, complete before the first step reads them.
         stage_copy(&mut o, 1, st, "k_lo", "0u");
         x_copy(&mut o, 1, "k_lo", "0u");
@@ -686,7 +686,7 @@ mod tests {
             (F32, None, 0),
         ] {
             let spec = ds4_ir::quant::spec(t).unwrap();
-            let l = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", words: false, run_elem: None, dot: false };
+            let l = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Bytes, run_elem: None, dot: false };
             assert_eq!(l.term_mma(), path, "{t}");
             assert_eq!(l.scale_span(), span, "{t}");
         }

@@ -25,7 +25,7 @@
 //! (`run_byte_words`), and each element takes its byte from a register. On the GPU a
 //! byte load per element was most of the mat-vec's shared-memory traffic.
 
-use super::{Lower, Word};
+use super::{Lower, Reads, Word};
 use ds4_ir::quant::{BinOp, Expr, Level, Ty};
 
 /// Elements a thread takes at a time.
@@ -173,14 +173,35 @@ impl Lower<'_> {
             }
         }
         let mut out = Vec::new();
-        if !self.words || !run.is_multiple_of(4) {
+        if !self.words() || !run.is_multiple_of(4) {
             return out;
         }
         for l in self.spec.lets.iter().filter(|l| l.level == Level::Elem) {
             walk(self, l.value, &mut out);
         }
         walk(self, self.spec.value, &mut out);
+        // Read in place (`Reads::Aligned`), a run's words must be aligned ones: a funnel
+        // shift's second word could lie past the last block.
+        if self.reads == Reads::Aligned {
+            out.retain(|r| r.table || self.byte_run_align(r, run) % 4 == 0);
+        }
         out
+    }
+
+    /// Bytes the first byte of a hoisted read is known to be a multiple of, for weights
+    /// read in place (1 otherwise: tables and staged copies are read through funnel
+    /// shifts).
+    fn byte_run_align(&self, r: &ByteRun, run: u64) -> u64 {
+        let Some(f) = self.spec.field(r.name).filter(|_| !r.table && self.reads == Reads::Aligned) else { return 1 };
+        let mut a = super::gcd(self.block_align(), f.offset as u64);
+        if let Some(x) = r.x {
+            a = super::gcd(a, self.known_multiple(x));
+        }
+        if run != self.spec.sub_block as u64 {
+            // `uj`: the run's first element in its sub-block, a multiple of the run.
+            a = super::gcd(a, run);
+        }
+        a
     }
 
     /// Declarations of the run's hoisted byte words: read `k`'s bytes from the run's
@@ -202,9 +223,28 @@ impl Lower<'_> {
                 start += &format!(" + {}", s.cast(self.iw(), "uj"));
             }
             out.push(s.decl(&format!("ds4_ra{k}"), self.iw(), false, &start));
-            for w in 0..run / 4 {
-                let word = s.word32(&buf, &format!("ds4_ra{k} + {}", self.idx(4 * w))).ok_or_else(|| super::QuantGenError("word reads without word32".into()))?;
-                out.push(s.decl(&format!("ds4_rw{k}_{w}"), Word::U32, false, &word));
+            // In place and aligned: vectors of up to four words, one load each.
+            let align = self.byte_run_align(&r, run);
+            let vec = [4u64, 2].into_iter().find(|&v| align % (4 * v) == 0 && (run / 4) % v == 0).unwrap_or(1);
+            for w0 in (0..run / 4).step_by(vec as usize) {
+                let at = format!("ds4_ra{k} + {}", self.idx(4 * w0));
+                let words = if self.reads == Reads::Aligned && !r.table {
+                    match s.aligned_words(&format!("ds4_rv{k}_{w0}"), &buf, &at, vec) {
+                        Some((decl, words)) if vec > 1 => {
+                            out.push(decl);
+                            words
+                        }
+                        _ => (0..vec)
+                            .map(|i| s.aligned_load(&buf, &format!("ds4_ra{k} + {}", self.idx(4 * (w0 + i))), 4))
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(|| super::QuantGenError("aligned reads without aligned_load".into()))?,
+                    }
+                } else {
+                    vec![s.word32(&buf, &at).ok_or_else(|| super::QuantGenError("word reads without word32".into()))?]
+                };
+                for (i, word) in words.into_iter().enumerate() {
+                    out.push(s.decl(&format!("ds4_rw{k}_{}", w0 + i as u64), Word::U32, false, &word));
+                }
             }
         }
         Ok(out)

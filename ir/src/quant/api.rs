@@ -164,3 +164,17 @@ pub fn supported() -> &'static [GgmlType] {
 pub fn can_quantize(t: GgmlType) -> bool {
     cpu(t).is_some_and(|q| q.quantize_row.is_some())
 }
+
+/// Q8_0 bytes regrouped into the Q8_0_R device layout (`quant/q8_0_r.rs`): `src` and `dst`
+/// the same length, a whole number of Q8_0_R blocks (4 Q8_0 blocks).
+pub fn regroup_q8_0(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+    let unit = GgmlType::Q8_0R.block_bytes();
+    if !src.len().is_multiple_of(unit) {
+        return Err(QuantError::PartialBlockBytes { ty: GgmlType::Q8_0R, bytes: src.len(), block_bytes: unit });
+    }
+    if dst.len() != src.len() {
+        return Err(QuantError::BytesMismatch { ty: GgmlType::Q8_0R, got: dst.len(), want: src.len(), blocks: src.len() / unit });
+    }
+    super::q8_0_r::regroup(src, dst);
+    Ok(())
+}

@@ -18,7 +18,7 @@ ds4_macros::quant_type! {
 
 /// gguf's (and ggml's reference) Q8_0 quantizer, reproduced bit for bit: scale from the
 /// f32 absolute maximum, reciprocal of the *unrounded* scale, round half away from zero.
-fn quantize_block(x: &[f32; 32]) -> Block {
+pub(super) fn quantize_block(x: &[f32; 32]) -> Block {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };

@@ -691,7 +691,7 @@ pub fn use_graphs(on: bool) {
 /// about 8 blocks per SM, each looping over its rows.
 pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, groups: usize, ng: usize, sms: usize) -> usize {
     let Some(spec) = ds4_ir::quant::spec(ty) else { return n.max(1) };
-    let rows_per_block = ds4_codegen::quant::matvec_block_rows(spec.block_bytes as u64, n as u64, m as u64, groups as u64, ng as u64) as usize;
+    let rows_per_block = ds4_codegen::quant::matvec_block_rows(ty, n as u64, m as u64, groups as u64, ng as u64) as usize;
     let blocks = n.div_ceil(rows_per_block);
     if !spec.tables.is_empty() {
         blocks.min((8 * sms / m.max(1)).max(1))

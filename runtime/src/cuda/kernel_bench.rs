@@ -98,6 +98,10 @@ fn random_bytes(dev: &Arc<Device>, bytes: usize, r: &mut Rng) -> Result<DeviceBu
 pub fn run(cases: &[BenchCase], reps: usize) -> Result<(Vec<BenchRow>, f64, String), CudaError> {
     let dev = Device::open()?;
     let copy_gbs = dev.copy_bandwidth(1 << 30, 5)?;
+    // Each weight in the type the CUDA backend uploads it as (Q8_0 rows as Q8_0_R).
+    let target = super::compile::target_for(dev.sm);
+    let cases: Vec<BenchCase> = cases.iter().map(|c| BenchCase { ty: ds4_codegen::quant::device_type(target, c.ty, c.k as u64), ..c.clone() }).collect();
+    let cases = &cases[..];
     let mut set = KernelSet::default();
     for c in cases {
         for kind in kinds(c) {

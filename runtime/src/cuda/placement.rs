@@ -10,6 +10,7 @@
 
 use super::device::{CudaError, Device, DeviceBuf};
 use crate::weights::Weights;
+use ds4_codegen::Target;
 use ds4_ir::{GgmlType, Graph, Op};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -73,7 +74,9 @@ impl DeviceWeights {
     /// Uploads the weights of `graphs` (their union).
     /// `generate`: tensors made in device memory from random data instead of copied from
     /// the file (`ds4 bench --synthetic`, whose file leaves them as zeros).
-    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>) -> Result<DeviceWeights, CudaError> {
+    /// Each tensor in its device type on `target` (`ds4_codegen::quant::device_type`:
+    /// Q8_0 rows regrouped as Q8_0_R, the same size).
+    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>, target: Target) -> Result<DeviceWeights, CudaError> {
         let mut names = BTreeSet::new();
         let mut vec_names = BTreeSet::new();
         for g in graphs {
@@ -101,9 +104,9 @@ impl DeviceWeights {
                 for n in &names {
                     let w = view(weights, n)?;
                     let buf = aligned_alloc(dev, w.bytes.len())?;
-                    fill(&buf.0, buf.1, &w, generate.contains(n), &mut tiles)?;
+                    let ty = fill(&buf.0, buf.1, &w, generate.contains(n), target, &mut tiles)?;
                     total += buf.0.bytes;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + buf.1 as u64, ty: w.ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
+                    tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + buf.1 as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
                     blocks.push(buf.0);
                 }
             }
@@ -117,8 +120,8 @@ impl DeviceWeights {
                 let arena = dev.alloc_owned(at)?;
                 for (n, &off) in names.iter().zip(&offsets) {
                     let w = view(weights, n)?;
-                    fill(&arena, off, &w, generate.contains(n), &mut tiles)?;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty: w.ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
+                    let ty = fill(&arena, off, &w, generate.contains(n), target, &mut tiles)?;
+                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
                 }
                 total += arena.bytes;
                 blocks.push(arena);
@@ -141,21 +144,37 @@ impl DeviceWeights {
     }
 }
 
-/// Puts tensor `w` at byte `at` of `buf`: its bytes from the file, or (`random`) a tile
-/// of random blocks, quantized here once per type (`tiles`) and repeated over the tensor
-/// by device copies, so that a full-size synthetic model costs no host memory and no
-/// upload. The tile (256 KiB) is small next to any tensor it fills and next to the L2
-/// cache, so repetition does not flatter the bandwidth; it is small because some
-/// quantizers (IQ2_XXS: seconds per MiB) are slow.
-fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<(), CudaError> {
+/// Bytes of Q8_0 regrouped at a time on the host (whole super-blocks).
+const REGROUP_CHUNK: usize = 272 << 16;
+
+/// Puts tensor `w` at byte `at` of `buf` in its device type on `target`, which it
+/// returns: its bytes from the file (Q8_0 regrouped, a chunk at a time), or (`random`) a
+/// tile of random blocks of the device type, quantized here once per type (`tiles`) and
+/// repeated over the tensor by device copies, so that a full-size synthetic model costs
+/// no host memory and no upload. The tile (256 KiB) is small next to any tensor it fills
+/// and next to the L2 cache, so repetition does not flatter the bandwidth; it is small
+/// because some quantizers (IQ2_XXS: seconds per MiB) are slow.
+fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool, target: Target, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<GgmlType, CudaError> {
+    let ty = ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1));
     if !random {
-        return buf.write(at, w.bytes);
+        if ty == w.ty {
+            buf.write(at, w.bytes)?;
+            return Ok(ty);
+        }
+        debug_assert_eq!(ty, GgmlType::Q8_0R);
+        let mut host = vec![0u8; REGROUP_CHUNK.min(w.bytes.len())];
+        for (i, src) in w.bytes.chunks(REGROUP_CHUNK).enumerate() {
+            let dst = &mut host[..src.len()];
+            ds4_ir::quant::regroup_q8_0(src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
+            buf.write(at + i * REGROUP_CHUNK, dst)?;
+        }
+        return Ok(ty);
     }
     let n = w.bytes.len();
-    if !tiles.contains_key(&w.ty) {
-        tiles.insert(w.ty, random_tile(w.ty).map_err(|e| CudaError(format!("{}: cannot make random {} data: {e}", w.name, w.ty)))?);
+    if !tiles.contains_key(&ty) {
+        tiles.insert(ty, random_tile(ty).map_err(|e| CudaError(format!("{}: cannot make random {ty} data: {e}", w.name)))?);
     }
-    let tile = &tiles[&w.ty];
+    let tile = &tiles[&ty];
     let first = tile.len().min(n);
     buf.write(at, &tile[..first])?;
     // Doubling copies: [0, len) to [len, 2·len), then the remainder (all whole blocks).
@@ -165,7 +184,7 @@ fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool
         buf.copy_from(at + have, buf, at, k)?;
         have += k;
     }
-    Ok(())
+    Ok(ty)
 }
 
 /// About 256 KiB of whole blocks of `ty` holding zero-mean, weight-sized random values.

@@ -49,10 +49,11 @@ impl<'m> CudaBackend<'m> {
             check_expert_sources(g, &model.weights)?;
         }
         let dev = Device::open()?;
-        let mut set = KernelSet::for_graph(&model.graph);
-        set.extend(KernelSet::for_graph(&model.graph_plain));
+        let target = super::compile::target_for(dev.sm);
+        let mut set = KernelSet::for_graph(&model.graph, target);
+        set.extend(KernelSet::for_graph(&model.graph_plain, target));
         let kernels = Kernels::compile(&dev, &set)?;
-        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
         Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, freqs: Default::default() }))
     }
