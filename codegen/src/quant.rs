@@ -374,7 +374,8 @@ pub trait QuantSyntax {
         None
     }
     /// A faster definition of `ds4_f16_to_f32` with the same results (bit for bit),
-    /// where the target has a conversion instruction.
+    /// where the target has a conversion instruction; it may call `ds4_f16_to_f32_dot`
+    /// (then emitted before it in every kernel).
     fn f16_to_f32_fn(&self) -> Option<&'static str> {
         None
     }
@@ -409,7 +410,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
     let shared = if own_sum { 0 } else { kind.shared_bytes() };
     let mut src = syn.prelude(&name, spec);
     let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Bytes, run_elem: None, dot: false };
-    src.push_str(&lower.helpers(kind != QuantKernelKind::DequantRows)?);
+    src.push_str(&lower.helpers()?);
     src.push_str(&lower.dequant_fn()?);
     if kind != QuantKernelKind::DequantRows && own_sum {
         src.push_str(syn.block_sum_helper());
@@ -792,7 +793,7 @@ impl Lower<'_> {
     /// The spec's constant tables and the f16 → f32 conversion (exact; subnormals,
     /// infinities and NaNs included); the dot products' cheaper conversion
     /// (`QuantSyntax::f16_to_f32_dot_fn`) only for kernels with dot products (`dots`).
-    fn helpers(&self, dots: bool) -> Result<String, QuantGenError> {
+    fn helpers(&self) -> Result<String, QuantGenError> {
         let s = self.syn;
         let mut out = String::new();
         for t in self.spec.tables {
@@ -803,7 +804,7 @@ impl Lower<'_> {
             };
             out.push_str(&s.table(&format!("T_{}", t.name), w, &values));
         }
-        if let Some(f) = s.f16_to_f32_dot_fn().filter(|_| dots) {
+        if let Some(f) = s.f16_to_f32_dot_fn() {
             out.push_str(f);
         }
         if let Some(f) = s.f16_to_f32_fn() {

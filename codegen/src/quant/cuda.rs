@@ -202,8 +202,9 @@ impl QuantSyntax for CudaQuant {
         format!("{v}.{}", ["x", "y", "z", "w"][i as usize])
     }
 
-    /// The hardware conversion (exact for every finite half, subnormals included);
-    /// infinities and NaNs take the integer path, so that NaN payloads match the CPU's.
+    /// The hardware conversion (`ds4_f16_to_f32_dot`: exact for every finite half,
+    /// subnormals included); infinities and NaNs take the integer path, so that NaN
+    /// payloads match the CPU's.
     fn f16_to_f32_fn(&self) -> Option<&'static str> {
         Some(F16_TO_F32)
     }
@@ -228,8 +229,7 @@ const F16_TO_F32_DOT: &str = "__device__ __forceinline__ float ds4_f16_to_f32_do
 ";
 
 const F16_TO_F32: &str = "__device__ __forceinline__ float ds4_f16_to_f32(const unsigned int h) {
-    float f;
-    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"((unsigned short)h));
+    const float f = ds4_f16_to_f32_dot(h);
     const unsigned int special = ((h & 32768u) << 16u) | 2139095040u | ((h & 1023u) << 13u);
     return ((h & 31744u) == 31744u) ? __uint_as_float(special) : f;
 }
