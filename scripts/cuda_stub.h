@@ -26,6 +26,7 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { retu
 template <class T> inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned, int = 32) { return v; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned int) { return 0.0f; }
 inline unsigned int __float_as_uint(float) { return 0u; }
 inline float __int_as_float(int) { return 0.0f; }

@@ -40,7 +40,8 @@ pub fn source(target: Target) -> Option<String> {
     crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_hc_mix.rs", &helpers, &THREADS.to_string(), &contract(), BODY)
 }
 
-const HELPERS: &str = r#"
+/// The mix of one token by one warp, and its helpers (also `cuda_hc_pre.rs`'s).
+pub(crate) const HELPERS: &str = r#"
 __device__ __forceinline__ float sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
 }
@@ -63,24 +64,19 @@ __device__ __forceinline__ float ds4_lane_sum(const float v, const unsigned int 
     }
     return s;
 }
-"#;
-
-const BODY: &str = r#"    const usize item = blockIdx.x;
-    const unsigned int lane = threadIdx.x;
-    const unsigned int h = (unsigned int)nh;
-    const usize mw = 2 * nh + nh * nh;
-    const usize mo = item * mw;
-    float* const o = out + item * mw;
+// `hc_mix` of one token whose 2·nh + nh² projections are `m`, into `o`, by one warp
+// (`lane` 0..32): lane i·nh + j holds entry (i, j) of the Sinkhorn matrix.
+__device__ __forceinline__ void ds4_hc_mix_lane(float* const o, const float* const m, const float* __restrict__ scale, const float* __restrict__ base, const unsigned int h, const unsigned long long iters, const float eps, const unsigned int lane) {
     if (lane < h) {
-        o[lane] = sigmoid(m[mo + lane] * scale[0] + base[lane]) + eps;
-        o[h + lane] = 2.0f * sigmoid(m[mo + h + lane] * scale[1] + base[h + lane]);
+        o[lane] = sigmoid(m[lane] * scale[0] + base[lane]) + eps;
+        o[h + lane] = 2.0f * sigmoid(m[h + lane] * scale[1] + base[h + lane]);
     }
     // This lane's entry (i, j) of comb (lanes past nh² compute on -inf and write nothing).
     const bool on = lane < h * h;
     const unsigned int i = lane / h;
     const unsigned int j = lane % h;
-    const usize k = 2 * nh + lane;
-    const float logit = on ? m[mo + k] * scale[2] + base[k] : __int_as_float(0xff800000);
+    const unsigned int k = 2 * h + lane;
+    const float logit = on ? m[k] * scale[2] + base[k] : __int_as_float(0xff800000);
     // Softmax over row i, plus eps.
     float mx = __int_as_float(0xff800000);
     #pragma unroll
@@ -94,13 +90,19 @@ const BODY: &str = r#"    const usize item = blockIdx.x;
     float v = e / ds4_lane_sum(e, i * h, 1u, h) + eps;
     // Columns first, then iters - 1 rounds of rows then columns.
     v = v / (ds4_lane_sum(v, j, h, h) + eps);
-    for (usize it = 1; it < iters; it++) {
+    for (unsigned long long it = 1; it < iters; it++) {
         v = v / (ds4_lane_sum(v, i * h, 1u, h) + eps);
         v = v / (ds4_lane_sum(v, j, h, h) + eps);
     }
     if (on) {
         o[k] = v;
     }
+}
+"#;
+
+const BODY: &str = r#"    const usize item = blockIdx.x;
+    const usize mw = 2 * nh + nh * nh;
+    ds4_hc_mix_lane(out + item * mw, m + item * mw, scale, base, (unsigned int)nh, iters, eps, threadIdx.x);
 "#;
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod cuda_attention;
 pub mod cuda_hc_mix;
+pub mod cuda_hc_pre;
 pub mod manifest;
 pub mod metal;
 pub mod quant;

@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, cuda_hc_mix, render, Target};
+use crate::{cuda_attention, cuda_hc_mix, cuda_hc_pre, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,8 +67,9 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
     match op {
         // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims).
         Op::Attention { .. } => &[cuda_attention::NAME],
-        // hc_mix's Sinkhorn in one warp (nh² ≤ 32).
-        Op::HcMix { .. } => &[cuda_hc_mix::NAME],
+        // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
+        // projection, mix, collapse) in one launch.
+        Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
         // x's bf16 parts for the tensor-core matmuls' element-term path.
         Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],
@@ -132,6 +133,7 @@ impl KernelSet {
         }
         set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
         set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
@@ -190,6 +192,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source });
         let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH);
         entries.push(contract_entry(cuda_hc_mix::NAME, &cuda_hc_mix::contract(), ops, &file, &launch, 0));
+    }
+    if let (Some(ops), true) = (set.cuda.get(cuda_hc_pre::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
+        let file = format!("{}.{ext}", cuda_hc_pre::NAME);
+        files.push(SourceFile { file: file.clone(), source: cuda_hc_pre::source() });
+        let launch = format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS);
+        entries.push(cuda_entry(cuda_hc_pre::NAME, ops, &file, "", &qparams_json(&cuda_hc_pre::params()), &launch, 0));
     }
     if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
         use quant::cuda_split;

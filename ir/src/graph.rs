@@ -56,6 +56,19 @@ impl Graph {
         v.into_iter().map(|(_, n)| n).collect()
     }
 
+    /// The nodes that read `id`'s value (each once, in no particular order).
+    pub fn consumers(&self, id: NodeId) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.g.edges_directed(id, Direction::Outgoing).map(|e| e.target()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Whether `id` is one of the graph's outputs.
+    pub fn is_output(&self, id: NodeId) -> bool {
+        self.outputs.iter().any(|(_, o)| *o == id)
+    }
+
     pub fn mark_output(&mut self, name: impl Into<String>, id: NodeId) {
         self.outputs.push((name.into(), id));
     }

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, cuda_hc_pre, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -457,6 +457,68 @@ fn hc_mix_warp_matches_hc_mix() {
         }
         let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "hc_mix_warp differs from the generated hc_mix (nh {nh})");
+    }
+}
+
+/// `hc_pre` (a decode token's norm, projection, mix and collapse in one launch) against
+/// the four kernels it replaces, launched one after another on the same inputs: the mix
+/// and the collapse agree to 2e-5 of their largest value (the norm's and the projection's
+/// sums are added in other orders, the projection scaled once), for 1 to `MAX_TOKENS`
+/// tokens; its ticket counters
+/// return to zero, so a second launch gives the same floats bit for bit.
+#[test]
+fn hc_pre_matches_the_chain_it_fuses() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    let counters = dev.upload(&[0i32; cuda_hc_pre::MAX_TOKENS]).unwrap();
+    for case in 0..6 {
+        let nh = if case == 5 { 5 } else { 4 };
+        let (d, tokens, iters) = (4 * r.range(16, 1025), r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
+        let (n, mw) = (nh * d, 2 * nh + nh * nh);
+        let f32s = |r: &mut Rng, len: usize, lo: f64, hi: f64| -> Vec<f32> { r.f32_floats(len, lo, hi).iter().map(|&v| v as f32).collect() };
+        let (x, wf, scale, base) = (f32s(&mut r, tokens * n, -3.0, 3.0), f32s(&mut r, mw * n, -0.05, 0.05), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
+        let mut w = vec![0u8; mw * n * 2];
+        ds4_ir::quant::quantize_row(ds4_ir::GgmlType::F16, &wf, &mut w).unwrap();
+        let (xb, wb, sb, bb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap(), dev.upload(&scale).unwrap(), dev.upload(&base).unwrap());
+        let (eps_norm, eps_mix) = (1e-6f32, 1e-6f32);
+        // The four kernels.
+        let normed = dev.alloc(tokens * n * 4).unwrap();
+        let k = ks.get("rms_norm_plain").unwrap();
+        launch(&dev, &k.func, (tokens as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(normed.ptr), Arg::Ptr(xb.ptr), u(n), Arg::F32(eps_norm)]).unwrap();
+        let m = dev.alloc(tokens * mw * 4).unwrap();
+        let k = ks.get(&kernel_name(QuantKernelKind::MatVec, ds4_ir::GgmlType::F16)).unwrap();
+        let mv = [Arg::Ptr(m.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(normed.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(counters.ptr), u(mw), u(n), u(2 * n), u(1), u(1), u(1), u(mw), u(0), u(0), u(mw)];
+        launch(&dev, &k.func, (mw as u32, tokens as u32, 1), (k.threads, 1, 1), k.dyn_shared, &mv).unwrap();
+        let mix_ref = dev.alloc(tokens * mw * 4).unwrap();
+        let k = ks.get(cuda_hc_mix::NAME).unwrap();
+        launch(&dev, &k.func, (tokens as u32, 1, 1), (k.threads, 1, 1), 0, &[Arg::Ptr(mix_ref.ptr), Arg::Ptr(m.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), u(nh), u(iters), Arg::F32(eps_mix)]).unwrap();
+        let y_ref = dev.alloc(tokens * d * 4).unwrap();
+        let k = ks.get("hc_collapse").unwrap();
+        launch(&dev, &k.func, (tokens as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(y_ref.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(mix_ref.ptr), u(nh), u(d), u(mw)]).unwrap();
+        let (want_mix, want_y) = (mix_ref.read::<f32>(tokens * mw).unwrap(), y_ref.read::<f32>(tokens * d).unwrap());
+        // The fused kernel, twice.
+        let k = ks.get(cuda_hc_pre::NAME).unwrap();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let (mix, y, proj) = (dev.alloc(tokens * mw * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
+            let args = [
+                Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr),
+                u(nh), u(d), u(iters), Arg::U64(eps_norm.to_bits() as u64), Arg::U64(eps_mix.to_bits() as u64),
+            ];
+            launch(&dev, &k.func, (mw as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
+            runs.push((mix.read::<f32>(tokens * mw).unwrap(), y.read::<f32>(tokens * d).unwrap()));
+        }
+        let worst = |got: &[f32], want: &[f32]| {
+            let top = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(f32::MIN_POSITIVE) as f64;
+            got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).abs() / top).fold(0f64, f64::max)
+        };
+        let (wm, wy) = (worst(&runs[0].0, &want_mix), worst(&runs[0].1, &want_y));
+        println!("hc_pre nh {nh}, d {d}, {tokens} tokens, {iters} iterations: mix {wm:.2e}, collapse {wy:.2e} of the largest value from the four kernels");
+        assert!(wm <= 2e-5 && wy <= 2e-5, "hc_pre off the four kernels: mix {wm:e}, collapse {wy:e}");
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&runs[0].0, &runs[1].0) && same(&runs[0].1, &runs[1].1), "hc_pre's second launch differs: its counters did not return to zero");
     }
 }
 

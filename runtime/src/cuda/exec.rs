@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_hc_mix};
+use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -50,6 +50,8 @@ pub struct GpuExecutor<'a> {
     pub graph: &'a Graph,
     /// A one-element buffer bound to pointer params a launch does not read.
     pub dummy: &'a DeviceBuf,
+    /// `hc_pre`'s ticket counters (`cuda_hc_pre::MAX_TOKENS` zeros).
+    pub hc_counters: &'a DeviceBuf,
     pub freqs: &'a FreqCache,
 }
 
@@ -128,6 +130,43 @@ impl GpuExecutor<'_> {
         all.extend_from_slice(named);
         let k = self.kernels.get(name)?;
         self.call_threads(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), self.op_threads(k, items, work.0), k.shared_for(out_len), &all)
+    }
+
+    /// The hyper-connection pre chain that starts at norm node `norm` (`hc_pre.rs`), as
+    /// one `hc_pre` launch where it can run so (a decode's few tokens, an F16 projection,
+    /// a mix that fits a warp; `DS4_HC_PRE=0` turns it off): the values it makes ahead
+    /// of their nodes (the projection's none, the mix, the collapse). `x`: the norm's
+    /// input, `tokens` rows of `n` floats (the streams).
+    fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("DS4_HC_PRE").as_deref() == Ok("0")) || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
+            return Ok(None);
+        }
+        let Some(c) = super::hc_pre::chain_at(self.graph, norm) else { return Ok(None) };
+        let w = self.weights.tensor(&c.w)?;
+        if n % c.nh != 0 || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || x.ptr() % 16 != 0 {
+            return Ok(None);
+        }
+        let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
+        let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("mix", Arg::Ptr(mix.ptr)),
+            ("y", Arg::Ptr(y.ptr)),
+            ("proj", Arg::Ptr(proj.ptr)),
+            ("counters", Arg::Ptr(self.hc_counters.ptr)),
+            ("x", Arg::Ptr(x.ptr())),
+            ("w", Arg::Ptr(w.ptr)),
+            ("scale", Arg::Ptr(self.weights.vector(&c.scale)?.ptr)),
+            ("base", Arg::Ptr(self.weights.vector(&c.base)?.ptr)),
+            ("nh", u(c.nh)),
+            ("d", u(d)),
+            ("iters", u(c.iters)),
+            ("eps_norm", Arg::U64(eps.to_bits() as u64)),
+            ("eps_mix", Arg::U64(c.eps_mix.to_bits() as u64)),
+        ];
+        self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
+        Ok(Some(vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))]))
     }
 
     /// Threads per block of an op kernel over `items` items of `work` parallel iterations
@@ -295,6 +334,8 @@ impl GpuExecutor<'_> {
         let order = g.order();
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, GVal> = HashMap::new();
+        // Values made ahead of their node by a fused launch (`hc_pre`), by node.
+        let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
@@ -346,7 +387,10 @@ impl GpuExecutor<'_> {
                 }
             };
             let t_node = profile::start(self.dev)?;
-            let value = match &node.op {
+            let value = if let Some(v) = made.remove(&id.index()) {
+                v
+            } else {
+                match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
                     "ids" => GVal::I(DevSlice::whole(self.dev.upload(ids)?, ids.len())),
                     "residual" => {
@@ -461,7 +505,13 @@ impl GpuExecutor<'_> {
                 }
                 Op::RmsNormPlain { eps } => {
                     let n = last(0);
-                    self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?
+                    match self.hc_pre(id, fs(0)?, rows(0), n, *eps)? {
+                        Some(ahead) => {
+                            made.extend(ahead);
+                            GVal::Freed
+                        }
+                        None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                    }
                 }
                 Op::Add => {
                     let n = last(0);
@@ -640,6 +690,7 @@ impl GpuExecutor<'_> {
                         part
                     };
                     self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
+                }
                 }
             };
             profile::stop(self.dev, t_node, node.op.name(), label)?;

@@ -36,6 +36,8 @@ pub struct CudaBackend<'m> {
     pub kernels: Kernels,
     pub weights: DeviceWeights,
     dummy: DeviceBuf,
+    /// `hc_pre`'s ticket counters, one per token, zero between launches.
+    hc_counters: DeviceBuf,
     /// RoPE frequency tables uploaded once (keyed by their bits).
     freqs: super::exec::FreqCache,
 }
@@ -55,7 +57,8 @@ impl<'m> CudaBackend<'m> {
         let kernels = Kernels::compile(&dev, &set)?;
         let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
-        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, freqs: Default::default() }))
+        let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::MAX_TOKENS])?;
+        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, hc_counters, freqs: Default::default() }))
     }
 
     /// Device name and compute capability, for reports.
@@ -133,7 +136,7 @@ impl<'m> CudaSession<'m> {
             (true, Some(g)) => g,
             _ => &self.graph,
         };
-        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, dummy: &b.dummy, freqs: &b.freqs };
+        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs };
         let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
         self.pos += ids.len();
         Ok(outs)

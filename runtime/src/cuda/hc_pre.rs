@@ -1,0 +1,58 @@
+//! Where a decode step runs a hyper-connection pre chain as one `hc_pre` launch
+//! (`ds4_codegen::cuda_hc_pre`): the graph's `RmsNormPlain → MatMul → HcMix` of the
+//! streams, and the `HcCollapse` of the same streams with that mix (`model/src/builder.rs`,
+//! `hc_mix`). The norm's and the projection's values are read by nothing else, so they
+//! are never made; the mix (which the block's `HcExpand` reads later) and the collapse
+//! are made by the one launch.
+
+use ds4_ir::{Graph, NodeId, Op};
+
+/// A chain found at its norm node.
+pub struct HcPreChain {
+    pub proj: NodeId,
+    pub mix: NodeId,
+    pub collapse: NodeId,
+    /// The projection's weight, and the mix's scale and base vectors.
+    pub w: String,
+    pub scale: String,
+    pub base: String,
+    pub nh: usize,
+    pub iters: usize,
+    pub eps_mix: f32,
+}
+
+fn weight_name(g: &Graph, id: NodeId) -> Option<String> {
+    match &g.node(id).op {
+        Op::Weight { name, .. } => Some(name.clone()),
+        _ => None,
+    }
+}
+
+/// The chain that starts at `norm`, if the graph has one there: a plain RMS norm of a
+/// reshape of the streams `r`, read only by a mat-vec, read only by a mix, which a
+/// collapse of `r` reads. None of the skipped values is a graph output.
+pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
+    let only = |id: NodeId| -> Option<NodeId> {
+        let c = g.consumers(id);
+        (c.len() == 1 && !g.is_output(id)).then(|| c[0])
+    };
+    if !matches!(g.node(norm).op, Op::RmsNormPlain { .. }) {
+        return None;
+    }
+    let flat = g.inputs(norm)[0];
+    let Op::Reshape { .. } = g.node(flat).op else { return None };
+    let r = g.inputs(flat)[0];
+    let proj = only(norm)?;
+    let pin = g.inputs(proj);
+    if !matches!(g.node(proj).op, Op::MatMul) || pin[0] != norm {
+        return None;
+    }
+    let mix = only(proj)?;
+    let min = g.inputs(mix);
+    let Op::HcMix { nh, iters, eps } = g.node(mix).op else { return None };
+    if min[0] != proj {
+        return None;
+    }
+    let collapse = g.consumers(mix).into_iter().find(|&c| matches!(g.node(c).op, Op::HcCollapse { nh: n } if n == nh) && g.inputs(c) == [r, mix])?;
+    Some(HcPreChain { proj, mix, collapse, w: weight_name(g, pin[1])?, scale: weight_name(g, min[1])?, base: weight_name(g, min[2])?, nh, iters, eps_mix: eps })
+}
