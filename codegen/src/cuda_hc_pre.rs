@@ -3,16 +3,19 @@
 //! Before each attention and each FFN, the graph (`model/src/builder.rs`, `hc_mix`) runs
 //! four ops on one token: a plain RMS norm of the flattened streams (nh·d values), their
 //! projection to 2·nh + nh² mixing weights (an F16 mat-vec), the mix (`hc_mix`, Sinkhorn)
-//! and the collapse (`hc_collapse`, the pre-weighted sum of the streams). At decode each
-//! is a kernel of a few µs that mostly waits (H200, Nsight Compute: norm 7.0 µs in one
-//! block, projection 10.7 µs in 24 blocks, mix 8.7, collapse 3.3), 86 times a step.
+//! and the collapse (`hc_collapse`, the pre-weighted sum of the streams), then the
+//! sublayer's weighted RMS norm of the collapse. At decode each is a kernel of a few µs
+//! that mostly waits (H200, Nsight Compute: norm 7.0 µs in one block, projection 10.7 µs
+//! in 24 blocks, mix 8.7, collapse 3.3, weighted norm 3.9-5.0), 86 times a step.
 //!
 //! Here block r of token t (1024 threads) reads the token's streams once, four floats a
 //! load, for both the norm's Σ x² and projection row r's Σ w·x, and stores Σ w·x / rms
 //! (the normed streams' projection, scaled once instead of per element); the last of
 //! the token's blocks to finish (a ticket from `counters`, which it resets) runs the mix
 //! in one warp (`cuda_hc_mix`'s lanes, the same floats as `hc_mix` given the
-//! projections) and the collapse (`hc_collapse`'s order) with all its threads. The
+//! projections) and the collapse (`hc_collapse`'s order) with all its threads, then,
+//! where the graph norms the collapse (`has_norm`), that norm (`rms_norm`'s arithmetic,
+//! its sum in another order). The
 //! projections differ from the four kernels' in the last bits (other orders of the
 //! sums, one scaling); `cuda_kernels` holds them to 2e-5. The runtime uses it for the
 //! decode's few tokens (`MAX_TOKENS`), F16 projections and nh ≤ `cuda_hc_mix::MAX_NH`;
@@ -28,22 +31,27 @@ pub const THREADS: u32 = 1024;
 /// The most tokens a launch takes (one ticket counter each).
 pub const MAX_TOKENS: usize = 8;
 
-/// Parameters in launch order. `eps_norm` and `eps_mix` are f32 bit patterns.
+/// Parameters in launch order. `eps_norm`, `eps_mix` and `eps_a` are f32 bit patterns;
+/// `a` and `norm_w` are read and written only when `has_norm` is 1.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "y", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "a", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "proj", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "counters", elem: BufElem::I32, mutable: true },
         QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
         QParam::Buffer { name: "w", elem: BufElem::Bytes, mutable: false },
         QParam::Buffer { name: "scale", elem: BufElem::F32, mutable: false },
         QParam::Buffer { name: "base", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "norm_w", elem: BufElem::F32, mutable: false },
         QParam::Scalar { name: "nh" },
         QParam::Scalar { name: "d" },
         QParam::Scalar { name: "iters" },
         QParam::Scalar { name: "eps_norm" },
         QParam::Scalar { name: "eps_mix" },
+        QParam::Scalar { name: "has_norm" },
+        QParam::Scalar { name: "eps_a" },
     ]
 }
 
@@ -72,7 +80,7 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return f;
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_mix, float* __restrict__ ds4_y, float* __restrict__ ds4_proj, int* __restrict__ ds4_counters, const float* __restrict__ ds4_x, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_scale, const float* __restrict__ ds4_base, const unsigned long long nh, const unsigned long long d, const unsigned long long iters, const unsigned long long eps_norm, const unsigned long long eps_mix) {{
+extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_mix, float* __restrict__ ds4_y, float* __restrict__ ds4_a, float* __restrict__ ds4_proj, int* __restrict__ ds4_counters, const float* __restrict__ ds4_x, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_scale, const float* __restrict__ ds4_base, const float* __restrict__ ds4_norm_w, const unsigned long long nh, const unsigned long long d, const unsigned long long iters, const unsigned long long eps_norm, const unsigned long long eps_mix, const unsigned long long has_norm, const unsigned long long eps_a) {{
 {wait}    const unsigned int item = blockIdx.y;
     const unsigned int row = blockIdx.x;
     const unsigned int h = (unsigned int)nh;
@@ -119,6 +127,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? mix[i] : 0.0f;
     const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
+    float yy_part = 0.0f;
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
@@ -129,6 +138,19 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
             }}
         }}
         y[c] = acc;
+        yy_part += acc.x * acc.x; yy_part += acc.y * acc.y; yy_part += acc.z * acc.z; yy_part += acc.w * acc.w;
+    }}
+    if (has_norm == 0) return;
+    // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
+    // the outputs it wrote.
+    const float yy = ds4_block_sum(yy_part);
+    const float inv_a = 1.0f / sqrtf(yy / (float)d + __uint_as_float((unsigned int)eps_a));
+    const float4* const nw = (const float4*)ds4_norm_w;
+    float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
+    for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
+        const float4 v = y[c];
+        const float4 g = nw[c];
+        a[c] = make_float4(v.x * inv_a * g.x, v.y * inv_a * g.y, v.z * inv_a * g.z, v.w * inv_a * g.w);
     }}
 }}
 "#,

@@ -460,9 +460,9 @@ fn hc_mix_warp_matches_hc_mix() {
     }
 }
 
-/// `hc_pre` (a decode token's norm, projection, mix and collapse in one launch) against
-/// the four kernels it replaces, launched one after another on the same inputs: the mix
-/// and the collapse agree to 2e-5 of their largest value (the norm's and the projection's
+/// `hc_pre` (a decode token's norm, projection, mix, collapse and the collapse's weighted
+/// norm in one launch) against the kernels it replaces, launched one after another on the
+/// same inputs: the mix, the collapse and its norm agree to 2e-5 of their largest value (the norm's and the projection's
 /// sums are added in other orders, the projection scaled once), for 1 to `MAX_TOKENS`
 /// tokens; its ticket counters
 /// return to zero, so a second launch gives the same floats bit for bit.
@@ -497,28 +497,36 @@ fn hc_pre_matches_the_chain_it_fuses() {
         let y_ref = dev.alloc(tokens * d * 4).unwrap();
         let k = ks.get("hc_collapse").unwrap();
         launch(&dev, &k.func, (tokens as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(y_ref.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(mix_ref.ptr), u(nh), u(d), u(mw)]).unwrap();
-        let (want_mix, want_y) = (mix_ref.read::<f32>(tokens * mw).unwrap(), y_ref.read::<f32>(tokens * d).unwrap());
+        // The sublayer's weighted norm of the collapse, fused in even cases.
+        let has_norm = case % 2 == 0;
+        let (gain, eps_a) = (f32s(&mut r, d, 0.5, 1.5), 1e-6f32);
+        let gb = dev.upload(&gain).unwrap();
+        let a_ref = dev.alloc(tokens * d * 4).unwrap();
+        let k = ks.get("rms_norm").unwrap();
+        launch(&dev, &k.func, (tokens as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(a_ref.ptr), Arg::Ptr(y_ref.ptr), Arg::Ptr(gb.ptr), u(d), Arg::F32(eps_a)]).unwrap();
+        let (want_mix, want_y, want_a) = (mix_ref.read::<f32>(tokens * mw).unwrap(), y_ref.read::<f32>(tokens * d).unwrap(), a_ref.read::<f32>(tokens * d).unwrap());
         // The fused kernel, twice.
         let k = ks.get(cuda_hc_pre::NAME).unwrap();
         let mut runs = Vec::new();
         for _ in 0..2 {
-            let (mix, y, proj) = (dev.alloc(tokens * mw * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
+            let (mix, y, a, proj) = (dev.alloc(tokens * mw * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
             let args = [
-                Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr),
-                u(nh), u(d), u(iters), Arg::U64(eps_norm.to_bits() as u64), Arg::U64(eps_mix.to_bits() as u64),
+                Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(a.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), Arg::Ptr(gb.ptr),
+                u(nh), u(d), u(iters), Arg::U64(eps_norm.to_bits() as u64), Arg::U64(eps_mix.to_bits() as u64), u(has_norm as usize), Arg::U64(eps_a.to_bits() as u64),
             ];
             launch(&dev, &k.func, (mw as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
-            runs.push((mix.read::<f32>(tokens * mw).unwrap(), y.read::<f32>(tokens * d).unwrap()));
+            runs.push((mix.read::<f32>(tokens * mw).unwrap(), y.read::<f32>(tokens * d).unwrap(), a.read::<f32>(tokens * d).unwrap()));
         }
         let worst = |got: &[f32], want: &[f32]| {
             let top = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(f32::MIN_POSITIVE) as f64;
             got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).abs() / top).fold(0f64, f64::max)
         };
         let (wm, wy) = (worst(&runs[0].0, &want_mix), worst(&runs[0].1, &want_y));
-        println!("hc_pre nh {nh}, d {d}, {tokens} tokens, {iters} iterations: mix {wm:.2e}, collapse {wy:.2e} of the largest value from the four kernels");
-        assert!(wm <= 2e-5 && wy <= 2e-5, "hc_pre off the four kernels: mix {wm:e}, collapse {wy:e}");
+        let wa = if has_norm { worst(&runs[0].2, &want_a) } else { 0.0 };
+        println!("hc_pre nh {nh}, d {d}, {tokens} tokens, {iters} iterations: mix {wm:.2e}, collapse {wy:.2e}, its norm {wa:.2e} of the largest value from the kernels it fuses{}", if has_norm { "" } else { " (no norm)" });
+        assert!(wm <= 2e-5 && wy <= 2e-5 && wa <= 2e-5, "hc_pre off the kernels it fuses: mix {wm:e}, collapse {wy:e}, norm {wa:e}");
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same(&runs[0].0, &runs[1].0) && same(&runs[0].1, &runs[1].1), "hc_pre's second launch differs: its counters did not return to zero");
+        assert!(same(&runs[0].0, &runs[1].0) && same(&runs[0].1, &runs[1].1) && (!has_norm || same(&runs[0].2, &runs[1].2)), "hc_pre's second launch differs: its counters did not return to zero");
     }
 }
 

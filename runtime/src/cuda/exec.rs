@@ -135,7 +135,8 @@ impl GpuExecutor<'_> {
     /// The hyper-connection pre chain that starts at norm node `norm` (`hc_pre.rs`), as
     /// one `hc_pre` launch where it can run so (a decode's few tokens, an F16 projection,
     /// a mix that fits a warp; `DS4_HC_PRE=0` turns it off): the values it makes ahead
-    /// of their nodes (the projection's none, the mix, the collapse). `x`: the norm's
+    /// of their nodes (the projection's none, the mix, the collapse, the collapse's
+    /// weighted norm where that is its only reader). `x`: the norm's
     /// input, `tokens` rows of `n` floats (the streams).
     fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -149,24 +150,37 @@ impl GpuExecutor<'_> {
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
+        // The collapse's norm too, where its weight is a vector of d floats.
+        let norm = match &c.norm {
+            Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
+            None => None,
+        };
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("mix", Arg::Ptr(mix.ptr)),
             ("y", Arg::Ptr(y.ptr)),
+            ("a", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.3.ptr))),
             ("proj", Arg::Ptr(proj.ptr)),
             ("counters", Arg::Ptr(self.hc_counters.ptr)),
             ("x", Arg::Ptr(x.ptr())),
             ("w", Arg::Ptr(w.ptr)),
             ("scale", Arg::Ptr(self.weights.vector(&c.scale)?.ptr)),
             ("base", Arg::Ptr(self.weights.vector(&c.base)?.ptr)),
+            ("norm_w", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.1))),
             ("nh", u(c.nh)),
             ("d", u(d)),
             ("iters", u(c.iters)),
             ("eps_norm", Arg::U64(eps.to_bits() as u64)),
             ("eps_mix", Arg::U64(c.eps_mix.to_bits() as u64)),
+            ("has_norm", u(norm.is_some() as usize)),
+            ("eps_a", Arg::U64(norm.as_ref().map_or(0, |n| n.2.to_bits()) as u64)),
         ];
         self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
-        Ok(Some(vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))]))
+        let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
+        if let Some((id, _, _, a)) = norm {
+            made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
+        }
+        Ok(Some(made))
     }
 
     /// Threads per block of an op kernel over `items` items of `work` parallel iterations

@@ -3,7 +3,8 @@
 //! streams, and the `HcCollapse` of the same streams with that mix (`model/src/builder.rs`,
 //! `hc_mix`). The norm's and the projection's values are read by nothing else, so they
 //! are never made; the mix (which the block's `HcExpand` reads later) and the collapse
-//! are made by the one launch.
+//! are made by the one launch, and the collapse's weighted RMS norm where it is the
+//! collapse's only reader.
 
 use ds4_ir::{Graph, NodeId, Op};
 
@@ -19,6 +20,8 @@ pub struct HcPreChain {
     pub nh: usize,
     pub iters: usize,
     pub eps_mix: f32,
+    /// The collapse's only reader when it is a weighted RMS norm: its node, weight, eps.
+    pub norm: Option<(NodeId, String, f32)>,
 }
 
 fn weight_name(g: &Graph, id: NodeId) -> Option<String> {
@@ -54,5 +57,9 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
         return None;
     }
     let collapse = g.consumers(mix).into_iter().find(|&c| matches!(g.node(c).op, Op::HcCollapse { nh: n } if n == nh) && g.inputs(c) == [r, mix])?;
-    Some(HcPreChain { proj, mix, collapse, w: weight_name(g, pin[1])?, scale: weight_name(g, min[1])?, base: weight_name(g, min[2])?, nh, iters, eps_mix: eps })
+    let norm = only(collapse).and_then(|a| match g.node(a).op {
+        Op::RmsNorm { eps } if g.inputs(a)[0] == collapse => Some((a, weight_name(g, g.inputs(a)[1])?, eps)),
+        _ => None,
+    });
+    Some(HcPreChain { proj, mix, collapse, w: weight_name(g, pin[1])?, scale: weight_name(g, min[1])?, base: weight_name(g, min[2])?, nh, iters, eps_mix: eps, norm })
 }
