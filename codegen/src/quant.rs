@@ -232,11 +232,11 @@ pub fn kernel_name(kind: QuantKernelKind, t: GgmlType) -> String {
 }
 
 /// The type a weight of type `ty`, in rows of `row_len` elements, has on `target`'s
-/// devices: Q8_0 rows of a multiple of 16 bytes as Q8_0_R (256 values) are uploaded to
-/// CUDA devices as Q8_0_R (the same bytes regrouped, `ds4_ir::quant::regroup_q8_0`),
-/// whose mat-vec reads them in place (`cuda_matvec.rs`, the direct path); every other
-/// weight keeps its file's type. The kernels a graph needs (`KernelSet::for_graph`) and the upload agree through
-/// this function.
+/// devices. CUDA devices hold Q8_0 as Q8_0_R (the same bytes regrouped,
+/// `ds4_ir::quant::regroup_q8_0`), whose mat-vec reads rows in place (`cuda_matvec.rs`,
+/// the direct path), where its rows are a multiple of 16 bytes (256 values); every other
+/// weight keeps its file's type. The kernels a graph needs (`KernelSet::for_graph`) and
+/// the upload agree through this function.
 pub fn device_type(target: Target, ty: GgmlType, row_len: u64) -> GgmlType {
     let cuda = matches!(target, Target::CudaSm90 | Target::CudaSm120);
     if cuda && ty == GgmlType::Q8_0 && GgmlType::Q8_0R.bytes_for(row_len).is_some_and(|b| b % 16 == 0) {
@@ -514,10 +514,10 @@ enum Reads {
     /// words that hold it and a funnel shift (`QuantSyntax::word32`; fields of 66- and
     /// 84-byte blocks are at best 2-byte aligned).
     Staged,
-    /// Rows whose blocks start 16-byte aligned (`block_bytes` a multiple of 16, read in
-    /// place by the CUDA mat-vec's direct path): a field whose address is a known
-    /// multiple of its width is one load of that width (`QuantSyntax::aligned_load`),
-    /// any other byte by byte (nothing is read past a block).
+    /// Rows read in place, 16-byte aligned, so that every block starts at a multiple of
+    /// gcd(`block_bytes`, 16) (the CUDA mat-vec's direct path): a field whose address is
+    /// a known multiple of its width is one load of that width
+    /// (`QuantSyntax::aligned_load`), any other byte by byte (nothing is read past a block).
     Aligned,
 }
 
@@ -587,22 +587,30 @@ impl Lower<'_> {
         }
     }
 
-    /// A number `e`'s value is known to be a multiple of (0: it is 0), for alignment:
-    /// only the powers of two that divide it are used.
+    /// The largest power of two (at most 2^20) known to divide `e`'s value, 0 when the
+    /// value is 0: the alignment an index adds to an address.
     fn known_multiple(&self, e: &Expr) -> u64 {
+        const MAX: u64 = 1 << 20;
         match *e {
-            Expr::Int(t, bits) => Expr::int_value(t, bits).unsigned_abs().min(1 << 20) as u64,
+            Expr::Int(t, bits) => {
+                let v = Expr::int_value(t, bits).unsigned_abs();
+                if v == 0 {
+                    0
+                } else {
+                    (1u64 << v.trailing_zeros()).min(MAX)
+                }
+            }
             // Inside a run, `j` is `uj + jj` (uj a multiple of the run) or the literal jj.
             Expr::Lane => match (self.run_elem, self.shape()) {
-                (Some(jj), runs::Shape::InSub { run }) if run == self.spec.sub_block as u64 => jj,
-                (Some(jj), runs::Shape::InSub { run }) => gcd(run, jj),
+                (Some(jj), runs::Shape::InSub { run }) if run == self.spec.sub_block as u64 => self.known_multiple(&Expr::Int(Ty::U32, jj)),
+                (Some(jj), runs::Shape::InSub { run }) => gcd(self.known_multiple(&Expr::Int(Ty::U32, run)), self.known_multiple(&Expr::Int(Ty::U32, jj))),
                 _ => 1,
             },
             Expr::Var(name, _) => self.spec.let_(name).map_or(1, |l| self.known_multiple(l.value)),
-            Expr::Binary(BinOp::Mul, _, a, b) => (self.known_multiple(a) * self.known_multiple(b)).min(1 << 20),
+            Expr::Binary(BinOp::Mul, _, a, b) => (self.known_multiple(a) * self.known_multiple(b)).min(MAX),
             Expr::Binary(BinOp::Add | BinOp::Sub, _, a, b) => gcd(self.known_multiple(a), self.known_multiple(b)),
-            // Integer conversions keep a power of two dividing the value (alignments are
-            // taken with gcd(.., 16)).
+            // Integer conversions keep a power of two dividing the value (up to their
+            // width; alignments are at most 16).
             Expr::Cast(_, a) => self.known_multiple(a),
             _ => 1,
         }

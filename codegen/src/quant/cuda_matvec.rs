@@ -31,6 +31,12 @@
 //! 51.9 → 56.3-57.0 t/s. A block per group for launches of many rows but fewer than 4096
 //! groups measured slower (51.5 t/s; the IQ2_XXS experts' two jobs a group left half the
 //! warps idle: 42.2 µs) and is kept for few rows only.
+//!
+//! The device layouts (`reads_in_place`: Q8_0_R, Q8_0 regrouped on upload) skip the
+//! staging: aligned rows take the direct path (`Lower::direct_paths`), whose lanes read
+//! their runs' fields straight from global memory in loads as wide as their alignment
+//! allows (`Reads::Aligned`), with the same three paths and [`DIRECT_SPLIT_BELOW`] for
+//! few rows.
 
 use super::lcm;
 use super::runs::{Token, Walk};
@@ -504,6 +510,21 @@ mod tests {
         }
         assert_eq!(chunk_bytes(34), 1904);
         assert_eq!(chunk_bytes(2), 2048);
+    }
+
+    /// The direct path of Q8_0_R reads a run's quants as aligned words and its scale as
+    /// one 16-bit load, never through a funnel shift (whose second word may lie past the
+    /// last block of the weights).
+    #[test]
+    fn q8_0_r_rows_are_read_in_place_with_aligned_loads() {
+        let spec = ds4_ir::quant::spec(GgmlType::Q8_0R).unwrap();
+        let k = crate::quant::quant_kernel(spec, crate::quant::QuantKernelKind::MatVec, crate::Target::CudaSm90).unwrap();
+        let direct = &k.source[k.source.find("if (vectors) {").unwrap()..];
+        let direct = &direct[..direct.find("return;\n    }").unwrap()];
+        assert!(!direct.contains("__funnelshift_r"), "{direct}");
+        assert!(direct.contains("*(const unsigned int*)(ds4_wd0 + (ds4_ra0 + 0u))"), "{direct}");
+        assert!(direct.contains("*(const unsigned short*)(ds4_wd0 + ((ds4_blk + 0u + ((unsigned int)s) * 2u)))"), "{direct}");
+        assert!(reads_in_place(GgmlType::Q8_0R) && !reads_in_place(GgmlType::Q8_0) && !reads_in_place(GgmlType::Q2K));
     }
 
     #[test]
