@@ -35,6 +35,14 @@ impl From<CudaError> for ExecError {
     }
 }
 
+/// The weight a MatMul node reads (its input 1).
+fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
+    match &g.node(g.inputs(id)[1]).op {
+        Op::Weight { name, .. } => Ok(name.clone()),
+        _ => Err(ExecError::Internal(format!("{}: a matmul's weight is not a weight node", g.node(id).label))),
+    }
+}
+
 /// A value flowing along an edge: f32 or i32 elements on the device, or a weight.
 enum GVal {
     F(DevSlice),
@@ -130,6 +138,24 @@ impl GpuExecutor<'_> {
         all.extend_from_slice(named);
         let k = self.kernels.get(name)?;
         self.call_threads(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), self.op_threads(k, items, work.0), k.shared_for(out_len), &all)
+    }
+
+    /// The next mat-vec of a decode group (`matvec_groups.rs`): a MatMul node not yet run
+    /// (`done` false) that reads the same x node, whose weight (of `first`'s type, rows of
+    /// `k`) starts at `end`; its node and row count.
+    /// `DS4_MATVEC_GROUPS=0` turns the groups off.
+    fn next_in_group(&self, x: ds4_ir::NodeId, first: &DeviceTensor, k: usize, end: u64, done: impl Fn(usize) -> bool) -> Option<(ds4_ir::NodeId, usize)> {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("DS4_MATVEC_GROUPS").as_deref() == Ok("0")) {
+            return None;
+        }
+        self.graph.consumers(x).into_iter().find_map(|c| {
+            if !matches!(self.graph.node(c).op, Op::MatMul) || done(c.index()) || self.graph.inputs(c)[0] != x {
+                return None;
+            }
+            let t = self.weights.tensor(&weight_of(self.graph, c).ok()?).ok()?;
+            (t.ptr == end && t.ty == first.ty && t.ne[0] == k as u64).then(|| (c, t.ne[1] as usize))
+        })
     }
 
     /// The hyper-connection pre chain that starts at norm node `norm` (`hc_pre.rs`), as
@@ -431,14 +457,32 @@ impl GpuExecutor<'_> {
                 }
                 Op::MatMul => {
                     let (k, n, m) = (last(0), shape[shape.len() - 1], rows(0));
-                    let out = self.dev.alloc(n_out * 4)?;
                     let Arg::Ptr(x) = f(0)? else { unreachable!() };
                     if m > 1 {
+                        let out = self.dev.alloc(n_out * 4)?;
                         self.matmul(&out, w(1)?, x, n, k, m, 1, n)?;
+                        GVal::F(DevSlice::whole(out, n_out))
                     } else {
-                        self.matvec(&out, w(1)?, x, None, None, n, k, m, 1, 1, 1, n)?;
+                        // With the mat-vecs after it that read the same x from weights
+                        // right after its own: one launch, each output a view of its.
+                        let w0 = w(1)?;
+                        let mut group = vec![(id, n)];
+                        let mut end = w0.ptr + w0.bytes as u64;
+                        while let Some((next, rows)) = self.next_in_group(ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i)) {
+                            group.push((next, rows));
+                            end = self.weights.tensor(&weight_of(g, next)?)?.ptr + (rows * w0.row_bytes(k)) as u64;
+                        }
+                        let total: usize = group.iter().map(|&(_, r)| r).sum();
+                        let out = std::sync::Arc::new(self.dev.alloc(total * 4)?);
+                        let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
+                        self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total)?;
+                        let mut off = n;
+                        for &(other, rows) in &group[1..] {
+                            made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
+                            off += rows;
+                        }
+                        GVal::F(DevSlice { buf: out, off: 0, len: n })
                     }
-                    GVal::F(DevSlice::whole(out, n_out))
                 }
                 Op::GroupedMatMul { groups } => {
                     let (kg, n, m) = (last(0) / groups, shape[shape.len() - 1], rows(0));

@@ -26,6 +26,7 @@ mod device_log;
 mod exec;
 mod expert_ids;
 mod hc_pre;
+mod matvec_groups;
 pub mod launch_plan;
 pub mod kernel_bench;
 mod placement;

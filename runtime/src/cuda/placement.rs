@@ -2,7 +2,9 @@
 //!
 //! By default every tensor gets its own allocation starting on a 2 MiB boundary (a
 //! large page: a tensor never shares a page, or its TLB entries, with another, and a
-//! tensor's blocks start aligned). `Placement::Packed` puts them all in one allocation,
+//! tensor's blocks start aligned), except the weights of mat-vecs that read the same x:
+//! those share one, back to back, so that decode runs them as one launch
+//! (`matvec_groups.rs`). `Placement::Packed` puts them all in one allocation,
 //! 256-byte aligned, for small models or tight memory. Small float vectors (norm
 //! weights, biases, sinks, the compressor's positional bias) are also kept
 //! de-quantized in f32 on the device: the kernels read them as floats, as the CPU
@@ -101,12 +103,30 @@ impl DeviceWeights {
         let mut total = 0;
         match placement {
             Placement::PerTensor => {
-                for n in &names {
-                    let w = view(weights, n)?;
-                    let buf = aligned_alloc(dev, w.bytes.len())?;
-                    let ty = fill(&buf.0, buf.1, &w, generate.contains(n), target, &mut tiles)?;
+                // Weights of mat-vecs that read the same x back to back, one allocation a
+                // group (`matvec_groups.rs`); every other tensor in its own.
+                let type_of = |n: &str| weights.get(n).map(|w| (ds4_codegen::quant::device_type(target, w.ty, w.ne[0]), w.ne[0]));
+                let mut allocations: Vec<Vec<String>> = Vec::new();
+                let mut placed = BTreeSet::new();
+                for g in graphs {
+                    for group in super::matvec_groups::weight_groups(g, &type_of) {
+                        if group.iter().all(|n| !placed.contains(n)) {
+                            placed.extend(group.iter().cloned());
+                            allocations.push(group);
+                        }
+                    }
+                }
+                allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
+                for group in &allocations {
+                    let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
+                    let buf = aligned_alloc(dev, views.iter().map(|w| w.bytes.len()).sum())?;
+                    let mut at = buf.1;
+                    for (n, w) in group.iter().zip(&views) {
+                        let ty = fill(&buf.0, at, w, generate.contains(n), target, &mut tiles)?;
+                        tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + at as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
+                        at += w.bytes.len();
+                    }
                     total += buf.0.bytes;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + buf.1 as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
                     blocks.push(buf.0);
                 }
             }
