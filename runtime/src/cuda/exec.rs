@@ -35,6 +35,16 @@ impl From<CudaError> for ExecError {
     }
 }
 
+/// Node `id`'s value in, and the inputs whose last reader it is (at `step`) freed.
+fn settle(vals: &mut HashMap<usize, GVal>, id: ds4_ir::NodeId, value: GVal, ins: &[ds4_ir::NodeId], step: usize, last_use: &[usize]) {
+    vals.insert(id.index(), value);
+    for i in ins {
+        if last_use[i.index()] == step {
+            vals.insert(i.index(), GVal::Freed);
+        }
+    }
+}
+
 /// The weight a MatMul node reads (its input 1).
 fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
     match &g.node(g.inputs(id)[1]).op {
@@ -374,7 +384,8 @@ impl GpuExecutor<'_> {
         let order = g.order();
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, GVal> = HashMap::new();
-        // Values made ahead of their node by a fused launch (`hc_pre`), by node.
+        // Values made ahead of their node by a fused launch (`hc_pre`, a mat-vec group),
+        // by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
@@ -426,11 +437,13 @@ impl GpuExecutor<'_> {
                     _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
                 }
             };
+            // A value a fused launch made before its node's turn.
+            if let Some(v) = made.remove(&id.index()) {
+                settle(&mut vals, id, v, &ins, step, &last_use);
+                continue;
+            }
             let t_node = profile::start(self.dev)?;
-            let value = if let Some(v) = made.remove(&id.index()) {
-                v
-            } else {
-                match &node.op {
+            let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
                     "ids" => GVal::I(DevSlice::whole(self.dev.upload(ids)?, ids.len())),
                     "residual" => {
@@ -749,15 +762,9 @@ impl GpuExecutor<'_> {
                     };
                     self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
-                }
             };
             profile::stop(self.dev, t_node, node.op.name(), label)?;
-            vals.insert(id.index(), value);
-            for i in &ins {
-                if last_use[i.index()] == step {
-                    vals.insert(i.index(), GVal::Freed);
-                }
-            }
+            settle(&mut vals, id, value, &ins, step, &last_use);
         }
         state.trim(bind.pos0 + bind.tokens);
         let mut outs = HashMap::new();
