@@ -68,16 +68,12 @@ pub fn source() -> String {
     s.push_str(&format!("#define DS4_MAX_NH {}u\n", cuda_hc_mix::MAX_NH));
     s.push_str(cuda_hc_mix::HELPERS);
     s.push_str(crate::cuda::BLOCK_SUM);
+    s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
     s.push_str(&format!(
         r#"
 // Four halves (8 bytes) as floats.
 __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
-    float4 f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f.x) : "h"((unsigned short)(h.x & 0xffffu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f.y) : "h"((unsigned short)(h.x >> 16)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f.z) : "h"((unsigned short)(h.y & 0xffffu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f.w) : "h"((unsigned short)(h.y >> 16)));
-    return f;
+    return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
 extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_mix, float* __restrict__ ds4_y, float* __restrict__ ds4_a, float* __restrict__ ds4_proj, int* __restrict__ ds4_counters, const float* __restrict__ ds4_x, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_scale, const float* __restrict__ ds4_base, const float* __restrict__ ds4_norm_w, const unsigned long long nh, const unsigned long long d, const unsigned long long iters, const unsigned long long eps_norm, const unsigned long long eps_mix, const unsigned long long has_norm, const unsigned long long eps_a) {{

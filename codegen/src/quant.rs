@@ -23,7 +23,7 @@
 //! What differs per target is syntax only: [`QuantSyntax`], implemented in `quant/cuda.rs`,
 //! `quant/wgsl.rs` and `quant/metal.rs`.
 
-mod cuda;
+pub(crate) mod cuda;
 mod cuda_matvec;
 mod cuda_mma;
 pub mod cuda_split;

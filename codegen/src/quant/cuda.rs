@@ -220,7 +220,8 @@ impl QuantSyntax for CudaQuant {
     }
 }
 
-const F16_TO_F32_DOT: &str = "__device__ __forceinline__ float ds4_f16_to_f32_dot(const unsigned int h) {
+/// Also `cuda_hc_pre`'s (its F16 projection feeds a dot product).
+pub(crate) const F16_TO_F32_DOT: &str = "__device__ __forceinline__ float ds4_f16_to_f32_dot(const unsigned int h) {
     float f;
     asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"((unsigned short)h));
     return f;
