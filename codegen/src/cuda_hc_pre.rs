@@ -59,7 +59,7 @@ pub fn params() -> Vec<QParam> {
 /// kernel (it reads the streams four floats at a time: `d` a multiple of 4, and the
 /// streams 16-byte aligned, which the runtime checks).
 pub fn fits(nh: usize, d: usize, tokens: usize) -> bool {
-    cuda_hc_mix::fits(nh) && d % 4 == 0 && (1..=MAX_TOKENS).contains(&tokens)
+    cuda_hc_mix::fits(nh) && d.is_multiple_of(4) && (1..=MAX_TOKENS).contains(&tokens)
 }
 
 /// The CUDA source. Launch: grid (2·nh + nh², tokens), `THREADS` threads.

@@ -31,6 +31,11 @@ pub enum Target {
 impl Target {
     pub const ALL: [Target; 5] = [Target::Cpu, Target::CudaSm90, Target::CudaSm120, Target::Wgsl, Target::Metal];
 
+    /// One of the CUDA dialects.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Target::CudaSm90 | Target::CudaSm120)
+    }
+
     /// The target's name on the command line (`cpu`, `cuda-sm90`, `cuda-sm120`, `wgsl`, `metal`).
     pub fn name(self) -> &'static str {
         match self {
@@ -115,7 +120,7 @@ pub fn splits_items(kernel: &Kernel, target: Target) -> bool {
 /// Whether `kernel` on `target` works on its item's output in dynamic shared memory when
 /// the launch gives it `out_len · 4` bytes (at most [`cuda::STAGE_OUT_LIMIT`]).
 pub fn stages_output(kernel: &Kernel, target: Target) -> bool {
-    matches!(target, Target::CudaSm90 | Target::CudaSm120) && cuda::stages_output(kernel)
+    target.is_cuda() && cuda::stages_output(kernel)
 }
 
 pub fn render(kernel: &Kernel, target: Target) -> String {

@@ -193,13 +193,13 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH);
         entries.push(contract_entry(cuda_hc_mix::NAME, &cuda_hc_mix::contract(), ops, &file, &launch, 0));
     }
-    if let (Some(ops), true) = (set.cuda.get(cuda_hc_pre::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
+    if let (Some(ops), true) = (set.cuda.get(cuda_hc_pre::NAME), target.is_cuda()) {
         let file = format!("{}.{ext}", cuda_hc_pre::NAME);
         files.push(SourceFile { file: file.clone(), source: cuda_hc_pre::source() });
         let launch = format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS);
         entries.push(cuda_entry(cuda_hc_pre::NAME, ops, &file, "", &qparams_json(&cuda_hc_pre::params()), &launch, 0));
     }
-    if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), matches!(target, Target::CudaSm90 | Target::CudaSm120)) {
+    if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), target.is_cuda()) {
         use quant::cuda_split;
         let file = format!("{}.{ext}", cuda_split::NAME);
         files.push(SourceFile { file: file.clone(), source: cuda_split::source() });

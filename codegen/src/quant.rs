@@ -104,7 +104,7 @@ impl QuantKernelKind {
 
     /// Whether `target` has this kernel (tensor cores: CUDA only).
     pub fn available(self, target: Target) -> bool {
-        self != QuantKernelKind::MatMulMma || matches!(target, Target::CudaSm90 | Target::CudaSm120)
+        self != QuantKernelKind::MatMulMma || target.is_cuda()
     }
 
     pub fn prefix(self) -> &'static str {
@@ -238,8 +238,7 @@ pub fn kernel_name(kind: QuantKernelKind, t: GgmlType) -> String {
 /// weight keeps its file's type. The kernels a graph needs (`KernelSet::for_graph`) and
 /// the upload agree through this function.
 pub fn device_type(target: Target, ty: GgmlType, row_len: u64) -> GgmlType {
-    let cuda = matches!(target, Target::CudaSm90 | Target::CudaSm120);
-    if cuda && ty == GgmlType::Q8_0 && GgmlType::Q8_0R.bytes_for(row_len).is_some_and(|b| b % 16 == 0) {
+    if target.is_cuda() && ty == GgmlType::Q8_0 && GgmlType::Q8_0R.bytes_for(row_len).is_some_and(|b| b % 16 == 0) {
         GgmlType::Q8_0R
     } else {
         ty
@@ -283,11 +282,6 @@ pub trait QuantSyntax {
     /// The `bytes` (2 or 4) bytes at `addr` of `buf`, an address that is a multiple of
     /// `bytes`, as one load (a u32); `None` where the target has no such read.
     fn aligned_load(&self, _buf: &str, _addr: &str, _bytes: u64) -> Option<String> {
-        None
-    }
-    /// `name`, a vector of `count` (2 or 4) u32 words read at `addr` of `buf`, a multiple of
-    /// 4 · count, in one load: its declaration and its words' expressions.
-    fn aligned_words(&self, _name: &str, _buf: &str, _addr: &str, _count: u64) -> Option<(String, Vec<String>)> {
         None
     }
     /// A local declaration statement.
@@ -444,7 +438,7 @@ pub fn quant_kernel(spec: &QuantSpec, kind: QuantKernelKind, target: Target) -> 
         let reads_x_parts = lower.term_mma().is_some();
         return Ok(QuantKernel { name, kind, ggml: spec.ggml, params, threads: THREADS, shared_bytes, dynamic_shared, reads_x_parts, source: src });
     }
-    if kind == QuantKernelKind::MatVec && matches!(target, Target::CudaSm90 | Target::CudaSm120) {
+    if kind == QuantKernelKind::MatVec && target.is_cuda() {
         // A warp per row, rows staged in shared memory (`quant/cuda_matvec.rs`).
         src.push_str(crate::cuda::CP_ASYNC);
         src.push_str(&syn.kernel_open(&name, &params, 0, Some(cuda_matvec::MIN_BLOCKS)));

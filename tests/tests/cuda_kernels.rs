@@ -462,10 +462,10 @@ fn hc_mix_warp_matches_hc_mix() {
 
 /// `hc_pre` (a decode token's norm, projection, mix, collapse and the collapse's weighted
 /// norm in one launch) against the kernels it replaces, launched one after another on the
-/// same inputs: the mix, the collapse and its norm agree to 2e-5 of their largest value (the norm's and the projection's
-/// sums are added in other orders, the projection scaled once), for 1 to `MAX_TOKENS`
-/// tokens; its ticket counters
-/// return to zero, so a second launch gives the same floats bit for bit.
+/// same inputs: the mix, the collapse and its norm agree to 2e-5 of their largest value
+/// (the norm's and the projection's sums are added in other orders, the projection scaled
+/// once), for 1 to `MAX_TOKENS` tokens; its ticket counters return to zero, so a second
+/// launch gives the same floats bit for bit.
 #[test]
 fn hc_pre_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };

@@ -65,15 +65,6 @@ impl QuantSyntax for CudaQuant {
         Some(format!("((unsigned int)*(const {t}*)({buf} + ({addr})))"))
     }
 
-    fn aligned_words(&self, name: &str, buf: &str, addr: &str, count: u64) -> Option<(String, Vec<String>)> {
-        let (t, lanes) = match count {
-            2 => ("uint2", &["x", "y"][..]),
-            4 => ("uint4", &["x", "y", "z", "w"][..]),
-            _ => return None,
-        };
-        Some((format!("const {t} {name} = *(const {t}*)({buf} + ({addr}));"), lanes.iter().map(|l| format!("{name}.{l}")).collect()))
-    }
-
     fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String {
         format!("for ({} {var} = {start}; {var} < {end}; {var} += {step})", self.word(w))
     }

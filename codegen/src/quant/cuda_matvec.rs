@@ -19,7 +19,7 @@
 //! aligned (odd shapes of the tiny test models) take a plain loop with byte copies.
 //!
 //! Blocks hold [`MATVEC_WARPS`] warps; warp w of block b takes row groups b·WARPS + w,
-//! + row_blocks·WARPS, .. (any `row_blocks ≥ 1` covers every row). A mat-vec with few
+//! then every row_blocks·WARPS-th after it (any `row_blocks ≥ 1` covers every row). A mat-vec with few
 //! rows (n · m below [`SPLIT_BELOW`]) instead gives each block one group at a time, its
 //! warps sharing the group's chunks, or, with fewer than [`BLOCK_GROUPS_FROM`] groups or
 //! row groups (a grouped mat-vec, each group reading its own x) that a warp's rows would
@@ -101,7 +101,7 @@ pub const SPLIT_BELOW: u64 = 4096;
 pub fn block_rows(ty: GgmlType, n: u64, m: u64, groups: u64, ng: u64) -> u64 {
     let r = rows_per_warp(ty.block_bytes() as u64);
     let few = n * m < split_below(ty);
-    if (groups > 1 && ng % r != 0) || (few && n.div_ceil(r) * m < BLOCK_GROUPS_FROM) {
+    if (groups > 1 && !ng.is_multiple_of(r)) || (few && n.div_ceil(r) * m < BLOCK_GROUPS_FROM) {
         1
     } else if few {
         r
@@ -202,51 +202,17 @@ impl Lower<'_> {
         let walk = Walk { first: "lane", stride: "32u", elems: "cn", bytes_at: "0u", x_at: "ce0" };
         let chunk_dot = |w: &mut dyn FnMut(usize, &str), depth: usize, acc: &str, bufs: &[&'static str]| -> Result<(), QuantGenError> {
             for l in [
-                // 32-bit divisions (a 64-bit one is a long software routine).
-                "const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)row / (unsigned int)ng) * k;".to_string(),
+                x_offset("row"),
                 // The chunk's elements: whole blocks, the first at element c0 / bb · be.
                 format!("const unsigned long long ce0 = (c0 / {bb}ull) * {be}ull;"),
                 format!("const unsigned int cn = (len / {bb}u) * {be}u;"),
             ] {
                 w(depth, &l);
             }
-            let n_rows = bufs.len();
-            if n_rows == 1 {
-                w(depth, "float part = 0.0f;");
-            } else {
-                w(depth, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows].join(", ")));
-            }
-            w(depth, &format!("#pragma unroll {RUN_UNROLL}"));
-            let staged = Lower { reads: Reads::Staged, dot: true, ..*self };
-            for (d, l) in staged.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }], bufs)? {
-                w(depth + d, &l);
-            }
-            w(depth, "__syncwarp();");
-            w(depth, "const float pw = has_wts != 0ull ? ds4_wts[p] : 1.0f;");
-            if n_rows == 1 {
-                w(depth, &format!("if (pick >= 0) {{ {acc} = {acc} + pw * part; }}"));
-            } else {
-                w(depth, &format!("if (pick >= 0) {{ for (int r = 0; r < {n_rows}; r++) {acc}[r] = {acc}[r] + pw * part[r]; }}"));
-            }
-            Ok(())
-        };
-        // The block's warps' sums for `rows` rows (`acc`, an array for more than one)
-        // added through shared memory `red` ([warps][rows]); thread r stores row
-        // `first` + r. Every warp of the block reaches it.
-        let warps_total = |w: &mut dyn FnMut(usize, &str), depth: usize, red: &str, rows: u64, acc: &str, first: &str| {
-            let at = |r: &str| if rows == 1 { acc.to_string() } else { format!("{acc}[{r}]") };
-            w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
-            w(depth + 1, &format!("float v = {};", at("r")));
-            w(depth + 1, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
-            w(depth + 1, &format!("if (lane == 0u) {red}[warp][r] = v;"));
-            w(depth, "}");
-            w(depth, "__syncthreads();");
-            let total: Vec<String> = (0..MATVEC_WARPS).map(|i| format!("{red}[{i}][ds4_tid]")).collect();
-            w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {}[ds4_by * n + {first} + ds4_tid] = {}; }}", s.buffer("out"), total.join(" + ")));
-            w(depth, "__syncthreads();");
+            self.pick_dot(w, depth, Reads::Staged, &walk, bufs, acc)
         };
         if reads_in_place(self.spec.ggml) {
-            self.direct_paths(&mut w, &warps_total)?;
+            self.direct_paths(&mut w)?;
         }
         // Rows not 16-byte aligned: the chunk byte by byte.
         let byte_copy = |dst: &str, src: &str| format!("for (unsigned int i = lane; i < len; i += 32u) {dst}[i] = ds4_w[{src} + i];");
@@ -294,7 +260,7 @@ impl Lower<'_> {
         w(4, "}");
         chunk_dot(&mut w, 4, "sacc", &["ds4_stage_w"])?;
         w(3, "}");
-        warps_total(&mut w, 3, "ds4_red4", 1, "sacc", "srow");
+        warps_total(&mut w, 3, "ds4_red4", 1, "sacc", "srow", &s.buffer("out"));
         w(2, "}");
         w(2, "return;");
         w(1, "}");
@@ -372,7 +338,7 @@ impl Lower<'_> {
         // w, w + 4, .., the warps' sums added through shared memory.
         w(1, &format!("if (n * gridDim.y < {split}ull) {{"));
         w(2, &format!("__shared__ float ds4_redr[{wa}][{rows}];"));
-        group_loop(&mut w, ("ds4_bx", "row_blocks"), ("(unsigned int)warp", &format!("{wa}u")), &|w| warps_total(w, 3, "ds4_redr", rows, "acc", "g0"))?;
+        group_loop(&mut w, ("ds4_bx", "row_blocks"), ("(unsigned int)warp", &format!("{wa}u")), &|w| warps_total(w, 3, "ds4_redr", rows, "acc", "g0", &s.buffer("out")))?;
         w(2, "return;");
         w(1, "}");
 
@@ -394,11 +360,10 @@ impl Lower<'_> {
     /// a standalone kernel (µs, Q8_0 staged → regrouped in place, 8-byte loads): the output
     /// head 223 → 138; in `ds4 bench --matvec` (Q8_0 → Q8_0_R): the head 231 → 163,
     /// `attn_q_b` 22.1 → 16.3, `attn_output_b` 27.9 → 17.9.
-    fn direct_paths(&self, w: &mut dyn FnMut(usize, &str), warps_total: &dyn Fn(&mut dyn FnMut(usize, &str), usize, &str, u64, &str, &str)) -> Result<(), QuantGenError> {
+    fn direct_paths(&self, w: &mut dyn FnMut(usize, &str)) -> Result<(), QuantGenError> {
         let bb = self.spec.block_bytes as u64;
         let rows = rows_per_warp(bb);
         let wa = MATVEC_WARPS;
-        let in_place = Lower { reads: Reads::Aligned, dot: true, ..*self };
         // Every pick of the rows from `row` (`n_rows` of them, the last ones clamped to row
         // n - 1, a valid address) into `acc` (an array for more than one row).
         let picks = |w: &mut dyn FnMut(usize, &str), depth: usize, row: &str, n_rows: u64, (first, stride): (&str, &str), acc: &str| -> Result<(), QuantGenError> {
@@ -407,30 +372,15 @@ impl Lower<'_> {
                 "const unsigned long long p = ds4_by * picks + jp;".to_string(),
                 "const int pick = has_sel != 0ull ? ds4_sel[p] : 0;".into(),
                 "const unsigned long long ex = pick >= 0 ? (unsigned long long)pick : 0ull;".into(),
-                // 32-bit divisions (a 64-bit one is a long software routine).
-                format!("const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int)({row}) / (unsigned int)ng) * k;"),
+                x_offset(&format!("({row})")),
             ] {
                 w(depth + 1, &l);
             }
             for (r, b) in DIRECT_BUFS.iter().enumerate().take(n_rows as usize) {
                 w(depth + 1, &format!("const unsigned char* const {b} = ds4_w + (ex * n + ({row} + {r}ull < n ? {row} + {r}ull : n - 1ull)) * row_bytes;"));
             }
-            if n_rows == 1 {
-                w(depth + 1, "float part = 0.0f;");
-            } else {
-                w(depth + 1, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows as usize].join(", ")));
-            }
-            w(depth + 1, &format!("#pragma unroll {RUN_UNROLL}"));
             let walk = Walk { first, stride, elems: "k", bytes_at: "0u", x_at: "" };
-            for (d, l) in in_place.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "part".into() }], &DIRECT_BUFS[..n_rows as usize])? {
-                w(depth + 1 + d, &l);
-            }
-            w(depth + 1, "const float pw = has_wts != 0ull ? ds4_wts[p] : 1.0f;");
-            if n_rows == 1 {
-                w(depth + 1, &format!("if (pick >= 0) {{ {acc} = {acc} + pw * part; }}"));
-            } else {
-                w(depth + 1, &format!("if (pick >= 0) {{ for (int r = 0; r < {n_rows}; r++) {acc}[r] = {acc}[r] + pw * part[r]; }}"));
-            }
+            self.pick_dot(w, depth + 1, Reads::Aligned, &walk, &DIRECT_BUFS[..n_rows as usize], acc)?;
             w(depth, "}");
             Ok(())
         };
@@ -445,7 +395,7 @@ impl Lower<'_> {
         w(3, "for (unsigned long long srow = ds4_bx; srow < n; srow += row_blocks) {");
         w(4, "float sacc = 0.0f;");
         picks(w, 4, "srow", 1, block_lanes, "sacc")?;
-        warps_total(w, 4, "ds4_red1", 1, "sacc", "srow");
+        warps_total(w, 4, "ds4_red1", 1, "sacc", "srow", &self.syn.buffer("out"));
         w(3, "}");
         w(3, "return;");
         w(2, "}");
@@ -456,7 +406,7 @@ impl Lower<'_> {
         w(4, &format!("const unsigned long long g0 = g * {rows}ull;"));
         w(4, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
         picks(w, 4, "g0", rows, block_lanes, "acc")?;
-        warps_total(w, 4, "ds4_redg", rows, "acc", "g0");
+        warps_total(w, 4, "ds4_redg", rows, "acc", "g0", &self.syn.buffer("out"));
         w(3, "}");
         w(3, "return;");
         w(2, "}");
@@ -471,6 +421,58 @@ impl Lower<'_> {
         w(1, "}");
         Ok(())
     }
+}
+
+/// `xo`, the offset of the x row that pick `p` of row `row` (an expression) reads, with
+/// 32-bit divisions (a 64-bit one is a long software routine).
+fn x_offset(row: &str) -> String {
+    format!("const unsigned long long xo = ((unsigned long long)((unsigned int)p / (unsigned int)x_div) * groups + (unsigned int){row} / (unsigned int)ng) * k;")
+}
+
+impl Lower<'_> {
+    /// One pick's dot of the rows in `bufs` (read as `reads` says) with x, walked as
+    /// `walk` says, into `part` (one row) or `part[r]`, then the pick's weighted share
+    /// into `acc` / `acc[r]`. Staged buffers are rewritten only after every lane has read
+    /// them (the `__syncwarp`).
+    fn pick_dot(&self, w: &mut dyn FnMut(usize, &str), depth: usize, reads: Reads, walk: &Walk, bufs: &[&'static str], acc: &str) -> Result<(), QuantGenError> {
+        let n_rows = bufs.len();
+        if n_rows == 1 {
+            w(depth, "float part = 0.0f;");
+        } else {
+            w(depth, &format!("float part[{n_rows}] = {{{}}};", vec!["0.0f"; n_rows].join(", ")));
+        }
+        w(depth, &format!("#pragma unroll {RUN_UNROLL}"));
+        let lower = Lower { reads, dot: true, ..*self };
+        for (d, l) in lower.rows_runs(walk, &[Token { xo: "xo".into(), acc: "part".into() }], bufs)? {
+            w(depth + d, &l);
+        }
+        if reads == Reads::Staged {
+            w(depth, "__syncwarp();");
+        }
+        w(depth, "const float pw = has_wts != 0ull ? ds4_wts[p] : 1.0f;");
+        if n_rows == 1 {
+            w(depth, &format!("if (pick >= 0) {{ {acc} = {acc} + pw * part; }}"));
+        } else {
+            w(depth, &format!("if (pick >= 0) {{ for (int r = 0; r < {n_rows}; r++) {acc}[r] = {acc}[r] + pw * part[r]; }}"));
+        }
+        Ok(())
+    }
+}
+
+/// The block's warps' sums for `rows` rows (`acc`, an array for more than one) added
+/// through shared memory `red` ([warps][rows]); thread r stores row `first` + r into
+/// `out`. Every warp of the block reaches it.
+fn warps_total(w: &mut dyn FnMut(usize, &str), depth: usize, red: &str, rows: u64, acc: &str, first: &str, out: &str) {
+    let at = |r: &str| if rows == 1 { acc.to_string() } else { format!("{acc}[{r}]") };
+    w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
+    w(depth + 1, &format!("float v = {};", at("r")));
+    w(depth + 1, "for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);");
+    w(depth + 1, &format!("if (lane == 0u) {red}[warp][r] = v;"));
+    w(depth, "}");
+    w(depth, "__syncthreads();");
+    let total: Vec<String> = (0..MATVEC_WARPS).map(|i| format!("{red}[{i}][ds4_tid]")).collect();
+    w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {out}[ds4_by * n + {first} + ds4_tid] = {}; }}", total.join(" + ")));
+    w(depth, "__syncthreads();");
 }
 
 /// A warp's sums `acc[r]` of rows `g0 + r` (the `rows` of its group) over its lanes, stored

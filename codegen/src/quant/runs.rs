@@ -223,28 +223,12 @@ impl Lower<'_> {
                 start += &format!(" + {}", s.cast(self.iw(), "uj"));
             }
             out.push(s.decl(&format!("ds4_ra{k}"), self.iw(), false, &start));
-            // In place and aligned: vectors of up to four words, one load each.
-            let align = self.byte_run_align(&r, run);
-            let vec = [4u64, 2].into_iter().find(|&v| align % (4 * v) == 0 && (run / 4) % v == 0).unwrap_or(1);
-            for w0 in (0..run / 4).step_by(vec as usize) {
-                let at = format!("ds4_ra{k} + {}", self.idx(4 * w0));
-                let words = if self.reads == Reads::Aligned && !r.table {
-                    match s.aligned_words(&format!("ds4_rv{k}_{w0}"), &buf, &at, vec) {
-                        Some((decl, words)) if vec > 1 => {
-                            out.push(decl);
-                            words
-                        }
-                        _ => (0..vec)
-                            .map(|i| s.aligned_load(&buf, &format!("ds4_ra{k} + {}", self.idx(4 * (w0 + i))), 4))
-                            .collect::<Option<Vec<_>>>()
-                            .ok_or_else(|| super::QuantGenError("aligned reads without aligned_load".into()))?,
-                    }
-                } else {
-                    vec![s.word32(&buf, &at).ok_or_else(|| super::QuantGenError("word reads without word32".into()))?]
-                };
-                for (i, word) in words.into_iter().enumerate() {
-                    out.push(s.decl(&format!("ds4_rw{k}_{}", w0 + i as u64), Word::U32, false, &word));
-                }
+            for w in 0..run / 4 {
+                let at = format!("ds4_ra{k} + {}", self.idx(4 * w));
+                // Read in place, the word is aligned (`run_byte_reads` keeps no other).
+                let word = if self.reads == Reads::Aligned && !r.table { s.aligned_load(&buf, &at, 4) } else { s.word32(&buf, &at) };
+                let word = word.ok_or_else(|| super::QuantGenError("word reads without word32 / aligned_load".into()))?;
+                out.push(s.decl(&format!("ds4_rw{k}_{w}"), Word::U32, false, &word));
             }
         }
         Ok(out)
