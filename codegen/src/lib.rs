@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod cuda_attention;
 pub mod cuda_hc_mix;
 pub mod cuda_hc_pre;
+pub mod cuda_top_k;
 pub mod manifest;
 pub mod metal;
 pub mod quant;

@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, cuda_hc_mix, cuda_hc_pre, render, Target};
+use crate::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +70,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
         // projection, mix, collapse) in one launch.
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
+        // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N).
+        Op::TopK { .. } => &[cuda_top_k::NAME],
         // x's bf16 parts for the tensor-core matmuls' element-term path.
         Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],
@@ -134,6 +136,7 @@ impl KernelSet {
         set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
         set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
@@ -192,6 +195,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source });
         let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH);
         entries.push(contract_entry(cuda_hc_mix::NAME, &cuda_hc_mix::contract(), ops, &file, &launch, 0));
+    }
+    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_top_k::NAME), cuda_top_k::source(target)) {
+        let file = format!("{}.{ext}", cuda_top_k::NAME);
+        files.push(SourceFile { file: file.clone(), source });
+        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_n\": {}", cuda_top_k::MAX_THREADS, cuda_top_k::MAX_N);
+        entries.push(contract_entry(cuda_top_k::NAME, &cuda_top_k::contract(), ops, &file, &launch, cuda_top_k::MAX_SHARED_BYTES));
     }
     if let (Some(ops), true) = (set.cuda.get(cuda_hc_pre::NAME), target.is_cuda()) {
         let file = format!("{}.{ext}", cuda_hc_pre::NAME);

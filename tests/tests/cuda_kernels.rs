@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, cuda_hc_pre, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -457,6 +457,45 @@ fn hc_mix_warp_matches_hc_mix() {
         }
         let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "hc_mix_warp differs from the generated hc_mix (nh {nh})");
+    }
+}
+
+/// `top_k_sort` (a block sorts its row) against the reference `top_k` (the Rust body the
+/// IR kernel is made from): the same picks, in the same order, on rows with ties, -inf,
+/// NaN and both zeros, from 1 to `MAX_N` scores (the router's 6 of 256, the indexer's 512
+/// of 2048), k below and above n, several rows a launch.
+#[test]
+fn top_k_sort_picks_what_top_k_picks() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let gpu = ks.get(cuda_top_k::NAME).unwrap();
+    let mut r = Rng(seed());
+    let sizes = [1, 2, 5, 31, 256, 300, 1000, 2048, 5000, cuda_top_k::MAX_N];
+    for (case, &n) in sizes.iter().enumerate() {
+        let items = 1 + case % 3;
+        for k in [1, 6, 512, n, n + 3] {
+            // Few distinct values (ties), some -inf, NaN, -0.0 and +0.0.
+            let scores: Vec<f32> = (0..items * n)
+                .map(|_| match r.range(0, 12) {
+                    0 => f32::NEG_INFINITY,
+                    1 => f32::NAN,
+                    2 => -0.0,
+                    3 => 0.0,
+                    4 => r.range(0, 4) as f32 - 2.0,
+                    _ => r.uniform(-3.0, 3.0) as f32,
+                })
+                .collect();
+            let mut want = vec![0i32; items * k];
+            for it in 0..items {
+                ds4_ir::kernels::compress::top_k(it, &mut want[it * k..(it + 1) * k], &scores, n, k);
+            }
+            let (s_buf, out) = (dev.upload(&scores).unwrap(), dev.alloc(items * k * 4).unwrap());
+            let args = [Arg::Ptr(out.ptr), Arg::Ptr(s_buf.ptr), Arg::U64(n as u64), Arg::U64(k as u64)];
+            launch(&dev, &gpu.func, (items as u32, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap();
+            let got: Vec<i32> = out.read(items * k).unwrap();
+            assert_eq!(got, want, "top_k_sort: {items} rows of {n}, k {k}");
+        }
+        println!("top_k_sort: {items} rows of {n} scores: the reference's picks");
     }
 }
 

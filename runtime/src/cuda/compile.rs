@@ -11,7 +11,7 @@ use super::device::{CudaError, Device};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre};
+use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -156,6 +156,10 @@ impl Kernels {
         if set.cuda.contains_key(cuda_hc_mix::NAME) {
             let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;
             units.push(Unit::fixed(cuda_hc_mix::NAME, source, op_params(&cuda_hc_mix::contract()), cuda_hc_mix::THREADS, 0));
+        }
+        if set.cuda.contains_key(cuda_top_k::NAME) {
+            let source = cuda_top_k::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_top_k::NAME)))?;
+            units.push(Unit::fixed(cuda_top_k::NAME, source, op_params(&cuda_top_k::contract()), cuda_top_k::MAX_THREADS, cuda_top_k::MAX_SHARED_BYTES));
         }
         if set.cuda.contains_key(cuda_hc_pre::NAME) {
             units.push(Unit::fixed(cuda_hc_pre::NAME, cuda_hc_pre::source(), quant_params(&cuda_hc_pre::params()), cuda_hc_pre::THREADS, 0));

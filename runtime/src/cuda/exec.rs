@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre};
+use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -656,12 +656,23 @@ impl GpuExecutor<'_> {
                 }
                 Op::TopK { k } => {
                     let n = last(0);
-                    // A candidate's rank is a scan of up to n scores: one candidate per
-                    // thread, an item over as many blocks as that takes (decode at ctx
-                    // 8192: 2048 candidates, 4 blocks instead of 1).
-                    let work = (n.max(1), 1);
-                    let GVal::F(s) = self.op_over("top_k", n_out, *k, work, &[("scores", f(0)?), ("n", u(n)), ("k", u(*k))])? else { unreachable!() };
-                    GVal::I(s)
+                    let named = [("scores", f(0)?), ("n", u(n)), ("k", u(*k))];
+                    match self.kernels.by_name.get(cuda_top_k::NAME).filter(|_| cuda_top_k::fits(n) && n_out > 0) {
+                        // A block sorts each row in shared memory (cuda_top_k.rs).
+                        Some(kl) => {
+                            let out = self.dev.alloc(n_out * 4)?;
+                            let mut all = vec![("out", Arg::Ptr(out.ptr))];
+                            all.extend_from_slice(&named);
+                            self.call_threads(kl, cuda_top_k::NAME, ((n_out / k) as u32, 1, 1), cuda_top_k::threads(n), cuda_top_k::shared_bytes(n), &all)?;
+                            GVal::I(DevSlice::whole(out, n_out))
+                        }
+                        // Longer rows: by rank, a candidate's rank a scan of up to n scores,
+                        // one candidate per thread, an item over as many blocks as that takes.
+                        None => {
+                            let GVal::F(s) = self.op_over("top_k", n_out, *k, (n.max(1), 1), &named)? else { unreachable!() };
+                            GVal::I(s)
+                        }
+                    }
                 }
                 Op::RouterWeights { scale, normalize } => {
                     let (n, k) = (last(0), last(1));
