@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k, render, Target};
+use crate::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -120,6 +120,12 @@ impl KernelSet {
                     for &kind in kinds {
                         set.quant.entry((kind, t)).or_default().insert(node.op.name());
                     }
+                    // A decode token's IQ2_XXS gate and up in integers (cuda_digits.rs).
+                    if matches!(node.op, Op::MoeExperts { .. }) && i == 3 && t == ds4_ir::GgmlType::Iq2Xxs && target.is_cuda() {
+                        for k in [cuda_digits::X_DIGITS, cuda_digits::MATVEC_IQ2_XXS] {
+                            set.cuda.entry(k).or_default().insert(node.op.name());
+                        }
+                    }
                 }
             }
         }
@@ -137,6 +143,8 @@ impl KernelSet {
         set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
         set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_digits::X_DIGITS, BTreeSet::new());
+        set.cuda.insert(cuda_digits::MATVEC_IQ2_XXS, BTreeSet::new());
         set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
@@ -207,6 +215,18 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source: cuda_hc_pre::source() });
         let launch = format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS);
         entries.push(cuda_entry(cuda_hc_pre::NAME, ops, &file, "", &qparams_json(&cuda_hc_pre::params()), &launch, 0));
+    }
+    if let (Some(ops), true) = (set.cuda.get(cuda_digits::X_DIGITS), target.is_cuda()) {
+        let file = format!("{}.{ext}", cuda_digits::X_DIGITS);
+        files.push(SourceFile { file: file.clone(), source: cuda_digits::x_digits_source() });
+        let launch = format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS);
+        entries.push(cuda_entry(cuda_digits::X_DIGITS, ops, &file, "", &qparams_json(&cuda_digits::x_digits_params()), &launch, 0));
+    }
+    if let (Some(ops), true) = (set.cuda.get(cuda_digits::MATVEC_IQ2_XXS), target.is_cuda()) {
+        let file = format!("{}.{ext}", cuda_digits::MATVEC_IQ2_XXS);
+        files.push(SourceFile { file: file.clone(), source: cuda_digits::matvec_source() });
+        let launch = format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS);
+        entries.push(cuda_entry(cuda_digits::MATVEC_IQ2_XXS, ops, &file, "", &qparams_json(&cuda_digits::matvec_params()), &launch, 0));
     }
     if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), target.is_cuda()) {
         use quant::cuda_split;

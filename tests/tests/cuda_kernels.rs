@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -457,6 +457,88 @@ fn hc_mix_warp_matches_hc_mix() {
         }
         let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "hc_mix_warp differs from the generated hc_mix (nh {nh})");
+    }
+}
+
+/// `x_digits` and `matvec_digits_iq2_xxs` (a decode token's IQ2_XXS expert gate and up in
+/// dp4a against x split into int8 digits): the digits give back each x block's largest
+/// value exactly and every value to within 2^(E-28) (|x| < 2^E in its block), and the
+/// mat-vec is the f64 product of the de-quantized rows with x to 1e-5 of Σ|w·x|, the bound
+/// of every mat-vec; on x blocks of mixed magnitudes, zeros included, and unused picks (-1).
+#[test]
+fn digits_experts_match_the_f64_product() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (xk, mk) = (ks.get(cuda_digits::X_DIGITS).unwrap(), ks.get(cuda_digits::MATVEC_IQ2_XXS).unwrap());
+    let ty = ds4_ir::GgmlType::Iq2Xxs;
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for (case, &(n, k)) in [(16, 256), (32, 512), (48, 4096), (2048, 4096)].iter().enumerate() {
+        let (experts, picks) = (3, 1 + case % 3);
+        let rb = ty.bytes_for(k as u64).unwrap() as usize;
+        // Random grid indices, signs and scales; d a small positive f16.
+        let mut bytes: Vec<u8> = (0..2 * experts * n * rb).map(|_| r.range(0, 256) as u8).collect();
+        for b in bytes.chunks_exact_mut(66) {
+            let d = ds4_ir::quant::rt::f16::from_f32(r.uniform(0.001, 0.02) as f32).to_bits().to_le_bytes();
+            b[..2].copy_from_slice(&d);
+        }
+        let (wg, wu) = bytes.split_at(experts * n * rb);
+        // x blocks of 1e-6 to 1e3, one block of zeros, one with a lone value.
+        let mut x: Vec<f32> = Vec::with_capacity(k);
+        for b in 0..k / 32 {
+            let mag = 10f64.powf(r.uniform(-6.0, 3.0));
+            for j in 0..32 {
+                x.push(match b % 7 {
+                    3 => 0.0,
+                    5 if j != 9 => 0.0,
+                    _ => r.uniform(-mag, mag) as f32,
+                });
+            }
+        }
+        let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
+        let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
+        let (xd, xs) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap());
+        let (wgb, wub, xb, sb) = (dev.upload(wg).unwrap(), dev.upload(wu).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xb.ptr), u(k)]).unwrap();
+        let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rb), u(picks)];
+        launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
+        // The digits give x back.
+        let digits: Vec<u8> = xd.read(cuda_digits::digit_bytes(k)).unwrap();
+        let scales: Vec<f32> = xs.read(k / 32).unwrap();
+        for b in 0..k / 32 {
+            let amax = x[b * 32..(b + 1) * 32].iter().fold(0f32, |m, v| m.max(v.abs()));
+            for j in b * 32..(b + 1) * 32 {
+                let back: f64 = (0..cuda_digits::DIGITS).map(|p| digits[p * k + j] as i8 as f64 * 128f64.powi(-(p as i32))).sum::<f64>() * scales[b] as f64;
+                let bound = scales[b] as f64 * 2f64.powi(-21);
+                assert!((back - x[j] as f64).abs() <= bound, "x[{j}] = {} comes back as {back}", x[j]);
+                if x[j].abs() == amax {
+                    assert_eq!(back, x[j] as f64, "the block's largest value is exact");
+                }
+            }
+        }
+        let mut worst = 0f64;
+        for (out, w) in [(&gb, wg), (&ub, wu)] {
+            let got: Vec<f32> = out.read(picks * n).unwrap();
+            for p in 0..picks {
+                for row in 0..n {
+                    let (mut want, mut norm) = (0f64, 0f64);
+                    if sel[p] >= 0 {
+                        let mut wrow = vec![0f32; k];
+                        ds4_ir::quant::dequantize_row(ty, &w[(sel[p] as usize * n + row) * rb..][..rb], &mut wrow).unwrap();
+                        for (a, b) in wrow.iter().zip(&x) {
+                            want += *a as f64 * *b as f64;
+                            norm += (*a as f64 * *b as f64).abs();
+                        }
+                    }
+                    worst = worst.max((got[p * n + row] as f64 - want).abs() / norm.max(1e-30));
+                    if sel[p] < 0 {
+                        assert_eq!(got[p * n + row], 0.0, "an unused pick's rows are zero");
+                    }
+                }
+            }
+        }
+        println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_IQ2_XXS);
+        assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_IQ2_XXS);
     }
 }
 

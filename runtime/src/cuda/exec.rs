@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -217,6 +217,39 @@ impl GpuExecutor<'_> {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
         Ok(Some(made))
+    }
+
+    /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
+    /// integer launch where they can run so (`cuda_digits.rs`: IQ2_XXS, whole blocks; x's
+    /// digits made first): false where not (the caller runs the float mat-vecs).
+    /// `DS4_DIGITS=0` turns it off.
+    #[allow(clippy::too_many_arguments)]
+    fn digits_experts(&self, gb: &DeviceBuf, ub: &DeviceBuf, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("DS4_DIGITS").as_deref() == Ok("0")) || gate.ty != up.ty || !cuda_digits::fits(gate.ty, n, k) {
+            return Ok(false);
+        }
+        let (Some(xk), Some(mk)) = (self.kernels.by_name.get(cuda_digits::X_DIGITS), self.kernels.by_name.get(cuda_digits::MATVEC_IQ2_XXS)) else { return Ok(false) };
+        let u = |v: usize| Arg::U64(v as u64);
+        let (xd, xs) = (self.dev.alloc(cuda_digits::digit_bytes(k))?, self.dev.alloc(k / cuda_digits::X_BLOCK * 4)?);
+        let named = [("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("x", Arg::Ptr(x)), ("k", u(k))];
+        self.call_loaded(xk, cuda_digits::X_DIGITS, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), 0, &named)?;
+        let row_bytes = gate.ty.bytes_for(k as u64).ok_or_else(|| ExecError::Internal(format!("{}: no row size for {k}", gate.ty)))? as usize;
+        let named = [
+            ("out_g", Arg::Ptr(gb.ptr)),
+            ("out_u", Arg::Ptr(ub.ptr)),
+            ("wg", Arg::Ptr(gate.ptr)),
+            ("wu", Arg::Ptr(up.ptr)),
+            ("xd", Arg::Ptr(xd.ptr)),
+            ("xs", Arg::Ptr(xs.ptr)),
+            ("sel", Arg::Ptr(sel)),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(row_bytes)),
+            ("picks", u(picks)),
+        ];
+        self.call_loaded(mk, cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), 0, &named)?;
+        Ok(true)
     }
 
     /// Threads per block of an op kernel over `items` items of `work` parallel iterations
@@ -539,6 +572,7 @@ impl GpuExecutor<'_> {
                             self.matmul_launch(mma, &gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
                             self.matmul_launch(mma, &ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
                         }
+                        None if t == 1 && self.digits_experts(&gb, &ub, gate, up, a, sel, ff, d, k)? => {}
                         None => {
                             self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
                             self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;

@@ -1,0 +1,257 @@
+//! The routed experts' IQ2_XXS gate and up mat-vecs of a decode token in integer dot
+//! products (`dp4a`), with x split exactly into int8 digits. CUDA text.
+//!
+//! The generated mat-vec (`quant/cuda_matvec.rs`) spends ~12 instructions a weight on
+//! IQ2_XXS (Nsight Compute on the H200: 19.6 M for 50 M weights, the issue slots 64% busy):
+//! each element's grid byte becomes a float (a byte permute and a subtraction), its sign
+//! is moved into the float's sign bit, then one FMA. In integers, four elements are one
+//! word: the grid entry's bytes, negated where the sign pattern says (`(g ^ m) + (m & 1)`
+//! per byte, m = 0xff for a negative one: no carry crosses a byte, the magnitudes are
+//! 8..43), and one `dp4a` multiplies them with four int8 values of x.
+//!
+//! x is not quantized: [`X_DIGITS`] writes each 32-value block of x as `2^E · Σ_p d_p ·
+//! 2^-7(p+1)`, p < 4, with E the block's exponent (its largest |x| is below 2^E) and d_p
+//! int8 digits (r = x / 2^E; d = trunc(128 r); r = 128 r − d; four times, every step exact
+//! in f32). The digits keep 28 bits below 2^E: the largest value of the block exactly (24
+//! bits), smaller ones to within 2^(E−28), below the f32 rounding of the sums the float
+//! kernel makes. Each group of 32 weights then takes four `dp4a` sums per word (one per
+//! digit, exact in int32: at most 43 · 127 · 32), combined in f32 as
+//! `((acc₃ 2^-7 + acc₂) 2^-7 + acc₁) 2^-7 + acc₀`, times 2^(E−7) and the group's scale.
+//! So the result is the float kernel's up to rounding (`cuda_kernels` holds it to 1e-5 of
+//! Σ|w·x|, as every mat-vec; measured ~1e-7), and no activation is rounded to 8 bits as
+//! in llama.cpp's `q8_1` path.
+//!
+//! One launch makes both gate and up (grid y: the picks of gate, then those of up; both
+//! read the same x digits), four rows a warp, a 32-weight group a lane at a time, each
+//! group's x digit words loaded once for the four rows. H200, a standalone timing of one
+//! expert mat-vec (6 picks × 2048 rows × 4096): 28.3 µs generated, 19.4 µs here.
+//!
+//! The runtime (`runtime/src/cuda/exec.rs`, `MoeExperts`) uses it for a decode token's
+//! IQ2_XXS experts with rows of whole blocks and a multiple of [`ROWS_PER_BLOCK`] rows;
+//! `DS4_DIGITS=0` turns it off.
+
+use crate::quant::{BufElem, QParam};
+use ds4_ir::quant::TableData;
+use ds4_ir::GgmlType;
+use std::fmt::Write;
+
+/// The x digits kernel.
+pub const X_DIGITS: &str = "x_digits";
+/// The mat-vec.
+pub const MATVEC_IQ2_XXS: &str = "matvec_digits_iq2_xxs";
+/// Digit planes of x (int8 each).
+pub const DIGITS: usize = 4;
+/// Values per x block (one exponent each).
+pub const X_BLOCK: usize = 32;
+/// Threads of an `x_digits` block: a warp per x block.
+pub const X_THREADS: u32 = 256;
+/// Threads of a mat-vec block: four warps of four rows.
+pub const THREADS: u32 = 128;
+/// Weight rows a mat-vec block takes.
+pub const ROWS_PER_BLOCK: usize = 16;
+
+/// `x_digits(xd, xs, x, k)`: x (k floats, k a multiple of [`X_BLOCK`]) as [`DIGITS`] planes
+/// of k int8 digits (`xd`, plane p at p·k) and a scale 2^(E−7) per block (`xs`).
+pub fn x_digits_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: true },
+        QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "k" },
+    ]
+}
+
+/// Bytes of the digits of k values (the planes; the scales are `k / X_BLOCK` floats).
+pub fn digit_bytes(k: usize) -> usize {
+    DIGITS * k
+}
+
+/// Blocks of an `x_digits` launch over k values.
+pub fn x_digits_blocks(k: usize) -> usize {
+    (k / X_BLOCK).div_ceil(X_THREADS as usize / 32).max(1)
+}
+
+/// The mat-vec's parameters: `out_g` / `out_u` (picks × n floats each) from the picked
+/// experts of `wg` / `wu` (rows of `row_bytes`, n rows an expert) against x's digits.
+pub fn matvec_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out_g", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "out_u", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "wg", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "wu", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: false },
+        QParam::Scalar { name: "n" },
+        QParam::Scalar { name: "k" },
+        QParam::Scalar { name: "row_bytes" },
+        QParam::Scalar { name: "picks" },
+    ]
+}
+
+/// Whether a decode token's experts of type `ty` with n rows of k can take the mat-vec.
+pub fn fits(ty: GgmlType, n: usize, k: usize) -> bool {
+    ty == GgmlType::Iq2Xxs && n > 0 && n.is_multiple_of(ROWS_PER_BLOCK) && k > 0 && k.is_multiple_of(ty.block_elems())
+}
+
+/// `x_digits`'s CUDA source.
+pub fn x_digits_source() -> String {
+    format!(
+        r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
+
+extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned char* __restrict__ ds4_xd, float* __restrict__ ds4_xs, const float* __restrict__ ds4_x, const unsigned long long k) {{
+{wait}    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long b = (unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5);
+    if (b * {X_BLOCK}ull >= k) return;
+    const float v = ds4_x[b * {X_BLOCK}ull + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // amax < 2^e (0 for a block of zeros). A block with an infinity or a NaN gets a NaN
+    // scale: its sums come out NaN, as the float kernel's would not be finite either.
+    int e = 0;
+    const bool finite = amax <= 3.402823466e38f;
+    if (finite && amax > 0.0f) frexpf(amax, &e);
+    float r = finite ? ldexpf(v, -e) : 0.0f;
+    #pragma unroll
+    for (unsigned int p = 0; p < {DIGITS}u; p++) {{
+        const float t = r * 128.0f;
+        const float d = truncf(t);
+        r = t - d;
+        ds4_xd[p * k + b * {X_BLOCK}ull + lane] = (unsigned char)(int)d;
+    }}
+    if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
+}}
+"#,
+        wait = crate::cuda::GRID_WAIT
+    )
+}
+
+/// A table of the IQ2_XXS declaration as 8-byte entries (entry i: bytes 8i..8i+8, the first
+/// in the low byte), a CUDA array named `name`.
+fn table_u64(name: &str, table: &str) -> String {
+    let spec = ds4_ir::quant::spec(GgmlType::Iq2Xxs).expect("IQ2_XXS is declared");
+    let t = spec.tables.iter().find(|t| t.name == table).unwrap_or_else(|| panic!("IQ2_XXS declares {table}"));
+    let TableData::U8(bytes) = t.data else { panic!("{table} is a byte table") };
+    let mut s = format!("__device__ const unsigned long long {name}[{}] = {{", bytes.len() / 8);
+    for (i, e) in bytes.chunks_exact(8).enumerate() {
+        let v = e.iter().rev().fold(0u64, |acc, &b| (acc << 8) | b as u64);
+        let _ = write!(s, "{}0x{v:016x}ull", if i == 0 { "" } else { ", " });
+    }
+    s.push_str("};\n");
+    s
+}
+
+/// The mat-vec's CUDA source (its tables from the IQ2_XXS declaration).
+pub fn matvec_source() -> String {
+    let mut s = format!("// {MATVEC_IQ2_XXS}: IQ2_XXS experts' gate and up in dp4a against x's digits (codegen/src/cuda_digits.rs).\n\n");
+    s.push_str(&table_u64("DS4_GRID", "GRID_BYTES"));
+    s.push_str(&table_u64("DS4_SIGNS", "SIGN_BYTES"));
+    s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
+    let _ = write!(
+        s,
+        r#"
+// Four weights of a grid entry's half `g` with the signs of `sg` (0x80 in a byte: negative)
+// as int8 values: a byte's two's complement negation is (b ^ 0xff) + 1.
+__device__ __forceinline__ int ds4_signed_bytes(const unsigned int g, const unsigned int sg) {{
+    const unsigned int m = (sg >> 7) & 0x01010101u;
+    return (int)((g ^ (m * 255u)) + m);
+}}
+
+extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* __restrict__ ds4_out_g, float* __restrict__ ds4_out_u, const unsigned char* __restrict__ ds4_wg, const unsigned char* __restrict__ ds4_wu, const unsigned char* __restrict__ ds4_xd, const float* __restrict__ ds4_xs, const int* __restrict__ ds4_sel, const unsigned long long n, const unsigned long long k, const unsigned long long row_bytes, const unsigned long long picks) {{
+{wait}    __shared__ unsigned long long grid[256];
+    __shared__ unsigned long long signs[128];
+    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) grid[i] = DS4_GRID[i];
+    for (unsigned int i = threadIdx.x; i < 128u; i += blockDim.x) signs[i] = DS4_SIGNS[i];
+    __syncthreads();
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long row0 = ((unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5)) * 4ull;
+    // Grid y: gate's picks, then up's.
+    const bool up = blockIdx.y >= picks;
+    const unsigned long long p = up ? blockIdx.y - picks : blockIdx.y;
+    const int pick = ds4_sel[p];
+    const unsigned char* const w = (up ? ds4_wu : ds4_wg) + ((unsigned long long)(pick >= 0 ? pick : 0) * n + row0) * row_bytes;
+    const unsigned int* const xw = (const unsigned int*)ds4_xd;
+    const unsigned long long kw = k / 4ull;
+    float part[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    // Lane l takes the 32-weight groups l, l + 32, ... of its warp's four rows.
+    for (unsigned long long ib = lane; ib < k / 32ull; ib += 32ull) {{
+        uint4 xv[{DIGITS}][2];
+        #pragma unroll
+        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
+            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 8ull);
+            xv[d][1] = *(const uint4*)(xw + d * kw + ib * 8ull + 4ull);
+        }}
+        const float xscale = ds4_xs[ib];
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) {{
+            // The group's words: its four grid indices, then four sign patterns and the scale.
+            const unsigned char* const blk = w + r * row_bytes + (ib / 8ull) * 66ull;
+            const unsigned short* const h = (const unsigned short*)(blk + 2ull + (ib % 8ull) * 8ull);
+            const unsigned int q = (unsigned int)h[0] | ((unsigned int)h[1] << 16);
+            const unsigned int aux = (unsigned int)h[2] | ((unsigned int)h[3] << 16);
+            const float db = ds4_f16_to_f32_dot(*(const unsigned short*)blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
+            int acc[{DIGITS}] = {{0, 0, 0, 0}};
+            #pragma unroll
+            for (unsigned int c = 0; c < 4u; c++) {{
+                const unsigned long long g = grid[(q >> (8u * c)) & 255u];
+                const unsigned long long sg = signs[(aux >> (7u * c)) & 127u];
+                const int w0 = ds4_signed_bytes((unsigned int)g, (unsigned int)sg);
+                const int w1 = ds4_signed_bytes((unsigned int)(g >> 32), (unsigned int)(sg >> 32));
+                #pragma unroll
+                for (unsigned int d = 0; d < {DIGITS}u; d++) {{
+                    const unsigned int* const x4 = (const unsigned int*)&xv[d][0];
+                    acc[d] = __dp4a(w0, (int)x4[2u * c], acc[d]);
+                    acc[d] = __dp4a(w1, (int)x4[2u * c + 1u], acc[d]);
+                }}
+            }}
+            const float sx = (((float)acc[3] * 0.0078125f + (float)acc[2]) * 0.0078125f + (float)acc[1]) * 0.0078125f + (float)acc[0];
+            part[r] = fmaf(db, sx * xscale, part[r]);
+        }}
+    }}
+    float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;
+    #pragma unroll
+    for (unsigned int r = 0; r < 4u; r++) {{
+        float v = pick >= 0 ? part[r] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0u) out[r] = v;
+    }}
+}}
+"#,
+        wait = crate::cuda::GRID_WAIT
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_the_declarations_bytes() {
+        let s = matvec_source();
+        // Entry 0 of the grid is eight 8s; sign pattern 1 negates elements 0 and 7.
+        assert!(s.contains("DS4_GRID[256] = {0x0808080808080808ull"), "{}", &s[..200]);
+        assert!(s.contains("DS4_SIGNS[128] = {0x0000000000000000ull, 0x8000000000000080ull"));
+    }
+
+    #[test]
+    fn fits_whole_blocks_of_iq2_xxs() {
+        assert!(fits(GgmlType::Iq2Xxs, 2048, 4096));
+        assert!(!fits(GgmlType::Iq2Xxs, 2040, 4096) && !fits(GgmlType::Iq2Xxs, 2048, 4000) && !fits(GgmlType::Q2K, 2048, 4096));
+        assert_eq!(x_digits_blocks(4096), 16);
+        assert_eq!(digit_bytes(4096), 16384);
+    }
+
+    #[test]
+    fn sources_declare_their_parameters_in_order() {
+        for (src, name, params) in [(x_digits_source(), X_DIGITS, x_digits_params()), (matvec_source(), MATVEC_IQ2_XXS, matvec_params())] {
+            let sig = &src[src.find(&format!("{name}(")).unwrap()..];
+            let sig = &sig[..sig.find(')').unwrap()];
+            let mut at = 0;
+            for p in params {
+                let i = sig[at..].find(p.name()).unwrap_or_else(|| panic!("{name}: {} missing or out of order", p.name()));
+                at += i + p.name().len();
+            }
+        }
+    }
+}
