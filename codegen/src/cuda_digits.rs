@@ -37,25 +37,37 @@ use std::fmt::Write;
 
 /// The x digits kernel.
 pub const X_DIGITS: &str = "x_digits";
-/// The mat-vec.
+/// The experts' gate and up mat-vec (IQ2_XXS).
 pub const MATVEC_IQ2_XXS: &str = "matvec_digits_iq2_xxs";
+/// The experts' down mat-vec (Q2_K), summed over the picks with their weights.
+pub const MATVEC_Q2_K: &str = "matvec_digits_q2_k";
 /// Digit planes of x (int8 each).
 pub const DIGITS: usize = 4;
 /// Values per x block (one exponent each).
 pub const X_BLOCK: usize = 32;
+/// Values per sum of x (Q2_K's sub-block).
+pub const SUM_SPAN: usize = 16;
 /// Threads of an `x_digits` block: a warp per x block.
 pub const X_THREADS: u32 = 256;
 /// Threads of a mat-vec block: four warps of four rows.
 pub const THREADS: u32 = 128;
-/// Weight rows a mat-vec block takes.
+/// Weight rows a gate-and-up block takes (four warps of four).
 pub const ROWS_PER_BLOCK: usize = 16;
+/// Weight rows a down block takes: four, a warp per pick.
+pub const DOWN_ROWS_PER_BLOCK: usize = 4;
+/// The most picks a down launch takes (a warp each).
+pub const MAX_PICKS: usize = 8;
+/// Threads of a down block with the most picks.
+const DOWN_MAX_THREADS: usize = 32 * MAX_PICKS;
 
-/// `x_digits(xd, xs, x, k)`: x (k floats, k a multiple of [`X_BLOCK`]) as [`DIGITS`] planes
-/// of k int8 digits (`xd`, plane p at p·k) and a scale 2^(E−7) per block (`xs`).
+/// `x_digits(xd, xs, xsum, x, k)`: x (k floats, k a multiple of [`X_BLOCK`]) as [`DIGITS`]
+/// planes of k int8 digits (`xd`, plane p at p·k), a scale 2^(E−7) per block (`xs`) and
+/// the sum of every [`SUM_SPAN`] values (`xsum`, for the types whose values have an offset).
 pub fn x_digits_params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: true },
         QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "xsum", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
         QParam::Scalar { name: "k" },
     ]
@@ -89,9 +101,44 @@ pub fn matvec_params() -> Vec<QParam> {
     ]
 }
 
-/// Whether a decode token's experts of type `ty` with n rows of k can take the mat-vec.
-pub fn fits(ty: GgmlType, n: usize, k: usize) -> bool {
-    ty == GgmlType::Iq2Xxs && n > 0 && n.is_multiple_of(ROWS_PER_BLOCK) && k > 0 && k.is_multiple_of(ty.block_elems())
+/// The down mat-vec's parameters: `out` (n floats) = Σ over picks p of `wts[p]` × the
+/// picked expert of `w` (rows of `row_bytes`, n rows an expert) against x row p's digits.
+pub fn down_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "w", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "xsum", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: false },
+        QParam::Buffer { name: "wts", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n" },
+        QParam::Scalar { name: "k" },
+        QParam::Scalar { name: "row_bytes" },
+        QParam::Scalar { name: "picks" },
+    ]
+}
+
+/// Whether a decode token's expert gate and up of type `ty`, n rows of k, can take
+/// [`MATVEC_IQ2_XXS`].
+pub fn gate_up_fits(ty: GgmlType, n: usize, k: usize) -> bool {
+    ty == GgmlType::Iq2Xxs && whole(ty, n, k)
+}
+
+/// Whether a decode token's expert down of type `ty`, n rows of k, `picks` experts, can
+/// take [`MATVEC_Q2_K`].
+pub fn down_fits(ty: GgmlType, n: usize, k: usize, picks: usize) -> bool {
+    ty == GgmlType::Q2K && whole(ty, n, k) && (1..=MAX_PICKS).contains(&picks)
+}
+
+/// Threads of a down launch of `picks` picks.
+pub fn down_threads(picks: usize) -> u32 {
+    (32 * picks) as u32
+}
+
+/// Rows of whole blocks, and whole blocks of rows.
+fn whole(ty: GgmlType, n: usize, k: usize) -> bool {
+    n > 0 && n.is_multiple_of(ROWS_PER_BLOCK) && k > 0 && k.is_multiple_of(ty.block_elems())
 }
 
 /// `x_digits`'s CUDA source.
@@ -99,13 +146,17 @@ pub fn x_digits_source() -> String {
     format!(
         r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
 
-extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned char* __restrict__ ds4_xd, float* __restrict__ ds4_xs, const float* __restrict__ ds4_x, const unsigned long long k) {{
+extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned char* __restrict__ ds4_xd, float* __restrict__ ds4_xs, float* __restrict__ ds4_xsum, const float* __restrict__ ds4_x, const unsigned long long k) {{
 {wait}    const unsigned int lane = threadIdx.x & 31u;
     const unsigned long long b = (unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5);
     if (b * {X_BLOCK}ull >= k) return;
     const float v = ds4_x[b * {X_BLOCK}ull + lane];
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // The sums of each {SUM_SPAN} values (lanes 0 and {SUM_SPAN} write them).
+    float sum = v;
+    for (int o = {SUM_SPAN} / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane % {SUM_SPAN}u == 0u) ds4_xsum[(b * {X_BLOCK}ull + lane) / {SUM_SPAN}ull] = sum;
     // amax < 2^e (0 for a block of zeros). A block with an infinity or a NaN gets a NaN
     // scale: its sums come out NaN, as the float kernel's would not be finite either.
     int e = 0;
@@ -222,6 +273,89 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* 
     s
 }
 
+/// The down mat-vec's CUDA source (Q2_K, as its declaration lays the block out: 16 scale
+/// and min nibble pairs, 64 bytes of four 2-bit planes, `d`, `dmin`).
+pub fn down_source() -> String {
+    let mut s = format!("// {MATVEC_Q2_K}: Q2_K experts' down in dp4a against x's digits, summed over the picks (codegen/src/cuda_digits.rs).\n\n");
+    s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
+    let _ = write!(
+        s,
+        r#"
+extern "C" __global__ void __launch_bounds__({DOWN_MAX_THREADS}) {MATVEC_Q2_K}(float* __restrict__ ds4_out, const unsigned char* __restrict__ ds4_w, const unsigned char* __restrict__ ds4_xd, const float* __restrict__ ds4_xs, const float* __restrict__ ds4_xsum, const int* __restrict__ ds4_sel, const float* __restrict__ ds4_wts, const unsigned long long n, const unsigned long long k, const unsigned long long row_bytes, const unsigned long long picks) {{
+{wait}    __shared__ float parts[{MAX_PICKS}][4];
+    const unsigned int lane = threadIdx.x & 31u;
+    // Warp p: pick p of the block's four rows.
+    const unsigned long long p = threadIdx.x >> 5;
+    const unsigned long long row0 = (unsigned long long)blockIdx.x * 4ull;
+    const int pick = ds4_sel[p];
+    const unsigned char* const w = ds4_w + ((unsigned long long)(pick >= 0 ? pick : 0) * n + row0) * row_bytes;
+    const unsigned int* const xw = (const unsigned int*)ds4_xd;
+    const unsigned long long kw = picks * k / 4ull;
+    float part[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    // Lane l takes the 32-value groups l, l + 32, ... of x row p: sub-blocks 2i and 2i + 1
+    // of a block (i = group % 8), whose values are the 32 bytes of plane i % 4 at byte
+    // 16 + 32 (i / 4).
+    for (unsigned long long ib = lane; ib < k / 32ull; ib += 32ull) {{
+        const unsigned long long e0 = p * k + ib * 32ull;
+        uint4 xv[{DIGITS}][2];
+        #pragma unroll
+        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
+            xv[d][0] = *(const uint4*)(xw + d * kw + e0 / 4ull);
+            xv[d][1] = *(const uint4*)(xw + d * kw + e0 / 4ull + 4ull);
+        }}
+        const float xscale = ds4_xs[e0 / 32ull];
+        const float xsum0 = ds4_xsum[e0 / 16ull], xsum1 = ds4_xsum[e0 / 16ull + 1ull];
+        const unsigned int i = (unsigned int)(ib % 8ull);
+        const unsigned int shift = 2u * (i % 4u);
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) {{
+            const unsigned char* const blk = w + r * row_bytes + (ib / 8ull) * 84ull;
+            const unsigned int* const qw = (const unsigned int*)(blk + 16u + 32u * (i / 4u));
+            const unsigned int sc = *(const unsigned short*)(blk + 2u * i);
+            const unsigned int dd = *(const unsigned int*)(blk + 80u);
+            const float d = ds4_f16_to_f32_dot(dd & 0xffffu), dmin = ds4_f16_to_f32_dot(dd >> 16);
+            int a0[{DIGITS}] = {{0, 0, 0, 0}}, a1[{DIGITS}] = {{0, 0, 0, 0}};
+            #pragma unroll
+            for (unsigned int c = 0; c < 8u; c++) {{
+                const int q = (int)((qw[c] >> shift) & 0x03030303u);
+                #pragma unroll
+                for (unsigned int dg = 0; dg < {DIGITS}u; dg++) {{
+                    const unsigned int* const x4 = (const unsigned int*)&xv[dg][0];
+                    if (c < 4u) a0[dg] = __dp4a(q, (int)x4[c], a0[dg]);
+                    else a1[dg] = __dp4a(q, (int)x4[c], a1[dg]);
+                }}
+            }}
+            const float s0 = (((float)a0[3] * 0.0078125f + (float)a0[2]) * 0.0078125f + (float)a0[1]) * 0.0078125f + (float)a0[0];
+            const float s1 = (((float)a1[3] * 0.0078125f + (float)a1[2]) * 0.0078125f + (float)a1[1]) * 0.0078125f + (float)a1[0];
+            // Each sub-block: d·scale·Σ q·x − dmin·min·Σ x.
+            part[r] = fmaf(d * (float)(sc & 15u), s0 * xscale, part[r]);
+            part[r] = fmaf(-(dmin * (float)((sc >> 4) & 15u)), xsum0, part[r]);
+            part[r] = fmaf(d * (float)((sc >> 8) & 15u), s1 * xscale, part[r]);
+            part[r] = fmaf(-(dmin * (float)(sc >> 12)), xsum1, part[r]);
+        }}
+    }}
+    #pragma unroll
+    for (unsigned int r = 0; r < 4u; r++) {{
+        float v = part[r];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0u) parts[p][r] = v;
+    }}
+    __syncthreads();
+    // The picks' rows weighted and added in pick order (unused picks, -1, add nothing).
+    if (threadIdx.x < 4u) {{
+        float acc = 0.0f;
+        for (unsigned long long q = 0; q < picks; q++) {{
+            if (ds4_sel[q] >= 0) acc = acc + ds4_wts[q] * parts[q][threadIdx.x];
+        }}
+        ds4_out[row0 + threadIdx.x] = acc;
+    }}
+}}
+"#,
+        wait = crate::cuda::GRID_WAIT
+    );
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,16 +369,18 @@ mod tests {
     }
 
     #[test]
-    fn fits_whole_blocks_of_iq2_xxs() {
-        assert!(fits(GgmlType::Iq2Xxs, 2048, 4096));
-        assert!(!fits(GgmlType::Iq2Xxs, 2040, 4096) && !fits(GgmlType::Iq2Xxs, 2048, 4000) && !fits(GgmlType::Q2K, 2048, 4096));
+    fn fits_whole_blocks_of_their_types() {
+        assert!(gate_up_fits(GgmlType::Iq2Xxs, 2048, 4096) && down_fits(GgmlType::Q2K, 4096, 2048, 6));
+        assert!(!down_fits(GgmlType::Q2K, 4096, 2048, MAX_PICKS + 1) && !down_fits(GgmlType::Q2K, 4096, 2048, 0));
+        assert!(!gate_up_fits(GgmlType::Iq2Xxs, 2040, 4096) && !gate_up_fits(GgmlType::Iq2Xxs, 2048, 4000));
+        assert!(!gate_up_fits(GgmlType::Q2K, 2048, 4096) && !down_fits(GgmlType::Iq2Xxs, 4096, 2048, 6));
         assert_eq!(x_digits_blocks(4096), 16);
         assert_eq!(digit_bytes(4096), 16384);
     }
 
     #[test]
     fn sources_declare_their_parameters_in_order() {
-        for (src, name, params) in [(x_digits_source(), X_DIGITS, x_digits_params()), (matvec_source(), MATVEC_IQ2_XXS, matvec_params())] {
+        for (src, name, params) in [(x_digits_source(), X_DIGITS, x_digits_params()), (matvec_source(), MATVEC_IQ2_XXS, matvec_params()), (down_source(), MATVEC_Q2_K, down_params())] {
             let sig = &src[src.find(&format!("{name}(")).unwrap()..];
             let sig = &sig[..sig.find(')').unwrap()];
             let mut at = 0;

@@ -120,9 +120,15 @@ impl KernelSet {
                     for &kind in kinds {
                         set.quant.entry((kind, t)).or_default().insert(node.op.name());
                     }
-                    // A decode token's IQ2_XXS gate and up in integers (cuda_digits.rs).
-                    if matches!(node.op, Op::MoeExperts { .. }) && i == 3 && t == ds4_ir::GgmlType::Iq2Xxs && target.is_cuda() {
-                        for k in [cuda_digits::X_DIGITS, cuda_digits::MATVEC_IQ2_XXS] {
+                    // A decode token's IQ2_XXS gate and up, Q2_K down, in integers
+                    // (cuda_digits.rs).
+                    let digits = match (i, t) {
+                        (3, ds4_ir::GgmlType::Iq2Xxs) => Some(cuda_digits::MATVEC_IQ2_XXS),
+                        (5, ds4_ir::GgmlType::Q2K) => Some(cuda_digits::MATVEC_Q2_K),
+                        _ => None,
+                    };
+                    if let (Some(mv), Op::MoeExperts { .. }, true) = (digits, &node.op, target.is_cuda()) {
+                        for k in [cuda_digits::X_DIGITS, mv] {
                             set.cuda.entry(k).or_default().insert(node.op.name());
                         }
                     }
@@ -145,6 +151,7 @@ impl KernelSet {
         set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
         set.cuda.insert(cuda_digits::X_DIGITS, BTreeSet::new());
         set.cuda.insert(cuda_digits::MATVEC_IQ2_XXS, BTreeSet::new());
+        set.cuda.insert(cuda_digits::MATVEC_Q2_K, BTreeSet::new());
         set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
@@ -227,6 +234,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source: cuda_digits::matvec_source() });
         let launch = format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS);
         entries.push(cuda_entry(cuda_digits::MATVEC_IQ2_XXS, ops, &file, "", &qparams_json(&cuda_digits::matvec_params()), &launch, 0));
+    }
+    if let (Some(ops), true) = (set.cuda.get(cuda_digits::MATVEC_Q2_K), target.is_cuda()) {
+        let file = format!("{}.{ext}", cuda_digits::MATVEC_Q2_K);
+        files.push(SourceFile { file: file.clone(), source: cuda_digits::down_source() });
+        let launch = format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": \"[32·picks ≤ {}, 1, 1]\"", cuda_digits::DOWN_ROWS_PER_BLOCK, 32 * cuda_digits::MAX_PICKS);
+        entries.push(cuda_entry(cuda_digits::MATVEC_Q2_K, ops, &file, "", &qparams_json(&cuda_digits::down_params()), &launch, 0));
     }
     if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), target.is_cuda()) {
         use quant::cuda_split;

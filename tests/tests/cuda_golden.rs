@@ -172,6 +172,52 @@ fn cpu_and_cuda_logits_agree_on_the_tiny_models() {
     }
 }
 
+/// A q2 model whose routed experts fit `matvec_digits_iq2_xxs` (IQ2_XXS rows of whole
+/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs):
+/// decode steps one token at a time on CPU and CUDA, with `cpu_vs_cuda`'s bounds.
+#[test]
+fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
+    if skip() {
+        return;
+    }
+    use ds4_model::gguf::GgufFile;
+    use ds4_model::quantize::{quantize_file, Recipe};
+    use ds4_model::synthetic::{build, SynthConfig};
+    let cfg = SynthConfig { d: 256, ff: 256, vocab: 512, name: "synthetic-256".into(), ..SynthConfig::tiny_default() };
+    let dir = std::env::temp_dir().join(format!("ds4-cuda-golden-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, q2) = (dir.join("synthetic-256.gguf"), dir.join("synthetic-256-q2.gguf"));
+    std::fs::write(&src, build(&cfg).unwrap()).unwrap();
+    quantize_file(&GgufFile::open(&src).unwrap(), Recipe::Q2, &q2, &mut |_, _, _| {}).unwrap();
+    let model = Model::load(&q2).unwrap();
+    let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
+    let ids: Vec<u32> = (0..24u32).map(|i| (i * 37 + 1) % 512).collect();
+    for plain in [true, false] {
+        let opts = SessionOptions { plain, ..Default::default() };
+        let mut c: Session<f32> = Session::new(&model, opts.clone());
+        let mut g = CudaSession::new(b.clone(), opts);
+        c.prefill(&ids[..16], 16).unwrap();
+        g.prefill(&ids[..16], 16).unwrap();
+        let (mut lc, mut lg) = (Vec::new(), Vec::new());
+        for &t in &ids[16..] {
+            lc.extend(c.feed(&[t]).unwrap().iter().map(|&v| v as f64));
+            lg.extend(g.feed(&[t]).unwrap().iter().map(|&v| v as f64));
+        }
+        let sd = std_dev(&lc);
+        let d = max_abs_diff(&lg, &lc);
+        let (same, rows) = argmax_agreement(&lg, &lc, model.hp.vocab);
+        println!("cpu vs cuda synthetic-256 q2 decode plain={plain}: max|Δ|={d:.3e} ({:.2e}·std) argmax {same}/{rows}", d / sd);
+        if plain {
+            assert!(d <= 1e-4 * sd, "CPU and CUDA decode logits differ by {d} > 1e-4·std");
+            assert_eq!(same, rows, "arg-max differs");
+        } else {
+            assert!(quantile_abs_diff(&lg, &lc, 0.99) <= 1e-2 * sd, "p99 |Δ| over 1e-2·std");
+            assert!(same as f64 >= 0.95 * rows as f64, "arg-max agrees at {same}/{rows}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cuda_backend_builds_or_says_why_not() {
     // Runs everywhere: either a device answers, or the reason is printed.

@@ -497,9 +497,9 @@ fn digits_experts_match_the_f64_product() {
         }
         let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
         let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
-        let (xd, xs) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap());
+        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
         let (wgb, wub, xb, sb) = (dev.upload(wg).unwrap(), dev.upload(wu).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xb.ptr), u(k)]).unwrap();
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(k)]).unwrap();
         let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rb), u(picks)];
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         // The digits give x back.
@@ -515,6 +515,11 @@ fn digits_experts_match_the_f64_product() {
                     assert_eq!(back, x[j] as f64, "the block's largest value is exact");
                 }
             }
+        }
+        let sums: Vec<f32> = xsum.read(k / 16).unwrap();
+        for (i, s) in sums.iter().enumerate() {
+            let (want, norm) = x[i * 16..(i + 1) * 16].iter().fold((0f64, 0f64), |(a, n), &v| (a + v as f64, n + (v as f64).abs()));
+            assert!((*s as f64 - want).abs() <= 1e-6 * norm, "sum {i} of x: {s}, want {want}");
         }
         let mut worst = 0f64;
         for (out, w) in [(&gb, wg), (&ub, wu)] {
@@ -539,6 +544,62 @@ fn digits_experts_match_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_IQ2_XXS);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_IQ2_XXS);
+    }
+}
+
+/// `matvec_digits_q2_k` (a decode token's Q2_K expert down in dp4a against the picks' x
+/// rows as digits, summed over the picks with their weights) against the f64 product of
+/// the de-quantized rows, to 1e-5 of Σ|w·x|; random blocks (scales, mins, planes, d and
+/// dmin), x rows of mixed magnitudes, an unused pick (-1).
+#[test]
+fn digits_down_matches_the_f64_product() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (xk, mk) = (ks.get(cuda_digits::X_DIGITS).unwrap(), ks.get(cuda_digits::MATVEC_Q2_K).unwrap());
+    let ty = ds4_ir::GgmlType::Q2K;
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for (case, &(n, k)) in [(16, 256), (32, 512), (64, 2048), (4096, 2048)].iter().enumerate() {
+        let (experts, picks) = (4, [1, 2, 3, cuda_digits::MAX_PICKS][case]);
+        let rb = ty.bytes_for(k as u64).unwrap() as usize;
+        let mut bytes: Vec<u8> = (0..experts * n * rb).map(|_| r.range(0, 256) as u8).collect();
+        for b in bytes.chunks_exact_mut(84) {
+            let d = ds4_ir::quant::rt::f16::from_f32(r.uniform(0.001, 0.02) as f32).to_bits().to_le_bytes();
+            let dmin = ds4_ir::quant::rt::f16::from_f32(r.uniform(0.0, 0.01) as f32).to_bits().to_le_bytes();
+            b[80..82].copy_from_slice(&d);
+            b[82..84].copy_from_slice(&dmin);
+        }
+        let mut x: Vec<f32> = Vec::with_capacity(picks * k);
+        for b in 0..picks * k / 32 {
+            let mag = 10f64.powf(r.uniform(-4.0, 2.0));
+            for _ in 0..32 {
+                x.push(if b % 5 == 2 { 0.0 } else { r.uniform(-mag, mag) as f32 });
+            }
+        }
+        let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
+        let wts: Vec<f32> = (0..picks).map(|_| r.uniform(0.1, 1.5) as f32).collect();
+        let len = picks * k;
+        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
+        let (wb, xb, sb, wtb, out) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap(), dev.alloc(n * 4).unwrap());
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(len)]).unwrap();
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), u(n), u(k), u(rb), u(picks)];
+        launch(&dev, &mk.func, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), (cuda_digits::down_threads(picks), 1, 1), 0, &args).unwrap();
+        let got: Vec<f32> = out.read(n).unwrap();
+        let mut worst = 0f64;
+        let mut wrow = vec![0f32; k];
+        for row in 0..n {
+            let (mut want, mut norm) = (0f64, 0f64);
+            for p in (0..picks).filter(|&p| sel[p] >= 0) {
+                ds4_ir::quant::dequantize_row(ty, &bytes[(sel[p] as usize * n + row) * rb..][..rb], &mut wrow).unwrap();
+                for (a, b) in wrow.iter().zip(&x[p * k..(p + 1) * k]) {
+                    want += wts[p] as f64 * *a as f64 * *b as f64;
+                    norm += (wts[p] as f64 * *a as f64 * *b as f64).abs();
+                }
+            }
+            worst = worst.max((got[row] as f64 - want).abs() / norm.max(1e-30));
+        }
+        println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_Q2_K);
+        assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_Q2_K);
     }
 }
 

@@ -170,6 +170,9 @@ impl Kernels {
         if set.cuda.contains_key(cuda_digits::MATVEC_IQ2_XXS) {
             units.push(Unit::fixed(cuda_digits::MATVEC_IQ2_XXS, cuda_digits::matvec_source(), quant_params(&cuda_digits::matvec_params()), cuda_digits::THREADS, 0));
         }
+        if set.cuda.contains_key(cuda_digits::MATVEC_Q2_K) {
+            units.push(Unit::fixed(cuda_digits::MATVEC_Q2_K, cuda_digits::down_source(), quant_params(&cuda_digits::down_params()), cuda_digits::down_threads(cuda_digits::MAX_PICKS), 0));
+        }
         if set.cuda.contains_key(quant::cuda_split::NAME) {
             use quant::cuda_split;
             units.push(Unit::fixed(cuda_split::NAME, cuda_split::source(), quant_params(&cuda_split::params()), cuda_split::THREADS, 0));

@@ -219,22 +219,39 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
+    /// Whether the integer expert mat-vec `name` may run (`cuda_digits.rs`) and it and
+    /// `x_digits` are loaded. `DS4_DIGITS`: `0` none, `gate` only gate and up, `down` only
+    /// down (for measuring); both by default.
+    fn digits_on(&self, name: &str) -> bool {
+        static ONLY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        let only = ONLY.get_or_init(|| std::env::var("DS4_DIGITS").ok().filter(|v| matches!(v.as_str(), "0" | "gate" | "down")));
+        let allowed = match only.as_deref() {
+            Some("0") => false,
+            Some("gate") => name == cuda_digits::MATVEC_IQ2_XXS,
+            Some("down") => name == cuda_digits::MATVEC_Q2_K,
+            _ => true,
+        };
+        allowed && [cuda_digits::X_DIGITS, name].iter().all(|n| self.kernels.by_name.contains_key(*n))
+    }
+
+    /// x's digits (`len` floats at `x`): the digit planes, the scales and the sums.
+    fn x_digits(&self, x: u64, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
+        let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(len))?, self.dev.alloc(len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(len / cuda_digits::SUM_SPAN * 4)?);
+        let named = [("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x)), ("k", Arg::U64(len as u64))];
+        self.call(cuda_digits::X_DIGITS, (cuda_digits::x_digits_blocks(len) as u32, 1), &named)?;
+        Ok((xd, xs, xsum))
+    }
+
     /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
-    /// integer launch where they can run so (`cuda_digits.rs`: IQ2_XXS, whole blocks; x's
-    /// digits made first): false where not (the caller runs the float mat-vecs).
-    /// `DS4_DIGITS=0` turns it off.
+    /// integer launch where they can run so (IQ2_XXS, whole blocks): false where not (the
+    /// caller runs the float mat-vecs).
     #[allow(clippy::too_many_arguments)]
     fn digits_experts(&self, gb: &DeviceBuf, ub: &DeviceBuf, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("DS4_DIGITS").as_deref() == Ok("0")) || gate.ty != up.ty || !cuda_digits::fits(gate.ty, n, k) {
+        if gate.ty != up.ty || !cuda_digits::gate_up_fits(gate.ty, n, k) || !self.digits_on(cuda_digits::MATVEC_IQ2_XXS) {
             return Ok(false);
         }
-        let (Some(xk), Some(mk)) = (self.kernels.by_name.get(cuda_digits::X_DIGITS), self.kernels.by_name.get(cuda_digits::MATVEC_IQ2_XXS)) else { return Ok(false) };
+        let (xd, xs, _) = self.x_digits(x, k)?;
         let u = |v: usize| Arg::U64(v as u64);
-        let (xd, xs) = (self.dev.alloc(cuda_digits::digit_bytes(k))?, self.dev.alloc(k / cuda_digits::X_BLOCK * 4)?);
-        let named = [("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("x", Arg::Ptr(x)), ("k", u(k))];
-        self.call_loaded(xk, cuda_digits::X_DIGITS, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), 0, &named)?;
-        let row_bytes = gate.ty.bytes_for(k as u64).ok_or_else(|| ExecError::Internal(format!("{}: no row size for {k}", gate.ty)))? as usize;
         let named = [
             ("out_g", Arg::Ptr(gb.ptr)),
             ("out_u", Arg::Ptr(ub.ptr)),
@@ -245,10 +262,38 @@ impl GpuExecutor<'_> {
             ("sel", Arg::Ptr(sel)),
             ("n", u(n)),
             ("k", u(k)),
-            ("row_bytes", u(row_bytes)),
+            ("row_bytes", u(row_bytes(gate.ty, k)?)),
             ("picks", u(picks)),
         ];
-        self.call_loaded(mk, cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), 0, &named)?;
+        self.call(cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32), &named)?;
+        Ok(true)
+    }
+
+    /// A decode token's expert down (`picks` experts of `n` rows of `k`, x a row per pick),
+    /// summed over the picks with their weights, as one integer launch where it can run so
+    /// (Q2_K, whole blocks): false where not.
+    #[allow(clippy::too_many_arguments)]
+    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, x: u64, sel: u64, wts: u64, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
+        if !cuda_digits::down_fits(down.ty, n, k, picks) || !self.digits_on(cuda_digits::MATVEC_Q2_K) {
+            return Ok(false);
+        }
+        let (xd, xs, xsum) = self.x_digits(x, picks * k)?;
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("out", Arg::Ptr(out.ptr)),
+            ("w", Arg::Ptr(down.ptr)),
+            ("xd", Arg::Ptr(xd.ptr)),
+            ("xs", Arg::Ptr(xs.ptr)),
+            ("xsum", Arg::Ptr(xsum.ptr)),
+            ("sel", Arg::Ptr(sel)),
+            ("wts", Arg::Ptr(wts)),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(row_bytes(down.ty, k)?)),
+            ("picks", u(picks)),
+        ];
+        let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
+        self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
         Ok(true)
     }
 
@@ -589,7 +634,9 @@ impl GpuExecutor<'_> {
                         }
                         None => {
                             let out = self.dev.alloc(n_out * 4)?;
-                            self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                            if t != 1 || !self.digits_down(&out, down, h.ptr(), sel, wts, d, ff, k)? {
+                                self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                            }
                             GVal::F(DevSlice::whole(out, n_out))
                         }
                     }
@@ -850,6 +897,11 @@ pub fn use_graphs(on: bool) {
 /// rows when `groups` > 1): a row group per warp (`ds4_codegen::quant::matvec_block_rows`
 /// rows per block), but for types with tables (staged in shared memory once per block)
 /// about 8 blocks per SM, each looping over its rows.
+/// Bytes of a row of `k` values of `ty`.
+fn row_bytes(ty: ds4_ir::GgmlType, k: usize) -> Result<usize, ExecError> {
+    ty.bytes_for(k as u64).map(|b| b as usize).ok_or_else(|| ExecError::Internal(format!("{ty}: no row of {k} values")))
+}
+
 pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, groups: usize, ng: usize, sms: usize) -> usize {
     let Some(spec) = ds4_ir::quant::spec(ty) else { return n.max(1) };
     let rows_per_block = ds4_codegen::quant::matvec_block_rows(ty, n as u64, m as u64, groups as u64, ng as u64) as usize;
