@@ -61,7 +61,8 @@ pub fn source(target: Target) -> Option<String> {
     crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k.rs", HELPERS, &MAX_THREADS.to_string(), &contract(), BODY)
 }
 
-const HELPERS: &str = r#"
+/// The sort key and the block-wide sort, shared with `cuda_router.rs`.
+pub(crate) const HELPERS: &str = r#"
 // Candidate j's sort key: its score's bits made orderable (a higher score, a higher
 // key), then j reversed (equal scores: the lower index higher). 0 for a score that is
 // never chosen (-inf, NaN); every other key is above 2^55.
@@ -72,6 +73,31 @@ __device__ __forceinline__ unsigned long long ds4_top_k_key(const float s, const
     const unsigned int b = __float_as_uint(s + 0.0f);
     const unsigned int o = (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
     return ((unsigned long long)o << 32) | (unsigned long long)(0xffffffffu - j);
+}
+
+// The candidate a key names.
+__device__ __forceinline__ int ds4_top_k_index(const unsigned long long key) {
+    return (int)(0xffffffffu - (unsigned int)key);
+}
+
+// Sorts `len` keys (a power of two) descending, by the whole block: a bitonic network,
+// merges of `span` keys each a pass per `stride`, the pair (lo, lo + stride) ordered
+// descending where lo's bit `span` is clear; a barrier after every pass.
+__device__ __forceinline__ void ds4_sort_keys(unsigned long long* const keys, const unsigned int len) {
+    for (unsigned int span = 2u; span <= len; span <<= 1) {
+        for (unsigned int stride = span >> 1; stride > 0u; stride >>= 1) {
+            for (unsigned int t = threadIdx.x; t < len / 2u; t += blockDim.x) {
+                const unsigned int lo = 2u * t - (t & (stride - 1u));
+                const unsigned long long a = keys[lo];
+                const unsigned long long b = keys[lo + stride];
+                if ((a < b) == ((lo & span) == 0u)) {
+                    keys[lo] = b;
+                    keys[lo + stride] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
 }
 "#;
 
@@ -97,25 +123,10 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
         atomicAdd(&ds4_chosen, mine);
     }
     __syncthreads();
-    // Bitonic sort, descending: merges of `span` keys, each a pass per `stride`; the pair
-    // (lo, lo + stride) is ordered descending where lo's bit `span` is clear.
-    for (unsigned int span = 2u; span <= len; span <<= 1) {
-        for (unsigned int stride = span >> 1; stride > 0u; stride >>= 1) {
-            for (unsigned int t = threadIdx.x; t < len / 2u; t += blockDim.x) {
-                const unsigned int lo = 2u * t - (t & (stride - 1u));
-                const unsigned long long a = ds4_keys[lo];
-                const unsigned long long b = ds4_keys[lo + stride];
-                if ((a < b) == ((lo & span) == 0u)) {
-                    ds4_keys[lo] = b;
-                    ds4_keys[lo + stride] = a;
-                }
-            }
-            __syncthreads();
-        }
-    }
+    ds4_sort_keys(ds4_keys, len);
     const unsigned int chosen = ds4_chosen;
     for (usize p = threadIdx.x; p < k; p += blockDim.x) {
-        out[item * k + p] = p < chosen ? (int)(0xffffffffu - (unsigned int)ds4_keys[p]) : -1;
+        out[item * k + p] = p < chosen ? ds4_top_k_index(ds4_keys[p]) : -1;
     }
 "#;
 

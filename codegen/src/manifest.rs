@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k, render, Target};
+use crate::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,6 +72,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
         // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N).
         Op::TopK { .. } => &[cuda_top_k::NAME],
+        // A decode token's routing (scores, selection, top k, weights) in one launch.
+        Op::RouterScores => &[cuda_router::NAME],
         // x's bf16 parts for the tensor-core matmuls' element-term path.
         Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],
@@ -149,6 +151,7 @@ impl KernelSet {
         set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
         set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_router::NAME, BTreeSet::new());
         set.cuda.insert(cuda_digits::X_DIGITS, BTreeSet::new());
         set.cuda.insert(cuda_digits::MATVEC_IQ2_XXS, BTreeSet::new());
         set.cuda.insert(cuda_digits::MATVEC_Q2_K, BTreeSet::new());
@@ -222,6 +225,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source: cuda_hc_pre::source() });
         let launch = format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS);
         entries.push(cuda_entry(cuda_hc_pre::NAME, ops, &file, "", &qparams_json(&cuda_hc_pre::params()), &launch, 0));
+    }
+    if let (Some(ops), true) = (set.cuda.get(cuda_router::NAME), target.is_cuda()) {
+        let file = format!("{}.{ext}", cuda_router::NAME);
+        files.push(SourceFile { file: file.clone(), source: cuda_router::source() });
+        let launch = format!("\"grid\": \"[tokens, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K);
+        entries.push(cuda_entry(cuda_router::NAME, ops, &file, "", &qparams_json(&cuda_router::params()), &launch, cuda_router::MAX_SHARED_BYTES));
     }
     if let (Some(ops), true) = (set.cuda.get(cuda_digits::X_DIGITS), target.is_cuda()) {
         let file = format!("{}.{ext}", cuda_digits::X_DIGITS);

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -600,6 +600,45 @@ fn digits_down_matches_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_Q2_K);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_Q2_K);
+    }
+}
+
+/// `router_select` (a token's routing in one launch) against the four generated kernels it
+/// replaces, launched one after another on the same logits and bias (`router_weights` by
+/// one warp, as the runtime runs it for k ≤ 32): the same picks and the same weights, bit
+/// for bit; 1 to 3 tokens, 8 to 300 experts, 1 to 32 picks, normalized or not.
+#[test]
+fn router_select_matches_the_chain_it_fuses() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let fused = ks.get(cuda_router::NAME).unwrap();
+    let [scores_k, biased_k, top_k_k, weights_k] = ["router_scores", "router_biased", "top_k", "router_weights"].map(|n| ks.get(n).unwrap());
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for (case, &(n, k)) in [(8, 1), (256, 6), (300, 32), (256, 8)].iter().enumerate() {
+        let tokens = 1 + case % 3;
+        let normalize = case % 2 == 1;
+        let scale = r.uniform(0.5, 3.0) as f32;
+        let logits: Vec<f32> = r.f32_floats(tokens * n, -30.0, 30.0).iter().map(|&v| v as f32).collect();
+        let bias: Vec<f32> = r.f32_floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let (lb, bb) = (dev.upload(&logits).unwrap(), dev.upload(&bias).unwrap());
+        // The fused launch.
+        let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+        let args = [Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::U64(scale.to_bits() as u64), u(normalize as usize)];
+        launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
+        // The four kernels.
+        let (sc, bi, tk, wt) = (dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+        let t = (tokens as u32, 1, 1);
+        launch(&dev, &scores_k.func, t, (256, 1, 1), 0, &[Arg::Ptr(sc.ptr), Arg::Ptr(lb.ptr), u(n)]).unwrap();
+        launch(&dev, &biased_k.func, t, (256, 1, 1), 0, &[Arg::Ptr(bi.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(bb.ptr), u(n)]).unwrap();
+        launch(&dev, &top_k_k.func, t, (512, 1, 1), 0, &[Arg::Ptr(tk.ptr), Arg::Ptr(bi.ptr), u(n), u(k)]).unwrap();
+        launch(&dev, &weights_k.func, t, (32, 1, 1), 0, &[Arg::Ptr(wt.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(tk.ptr), u(n), u(k), Arg::F32(scale), Arg::Bool(normalize)]).unwrap();
+        let (got_sel, want_sel): (Vec<i32>, Vec<i32>) = (sel.read(tokens * k).unwrap(), tk.read(tokens * k).unwrap());
+        let (got_w, want_w): (Vec<f32>, Vec<f32>) = (wts.read(tokens * k).unwrap(), wt.read(tokens * k).unwrap());
+        assert_eq!(got_sel, want_sel, "router_select picks ({tokens} tokens, {n} experts, k {k})");
+        let same = got_w.iter().zip(&want_w).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "router_select weights differ ({tokens} tokens, {n} experts, k {k}): {got_w:?} vs {want_w:?}");
+        println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights");
     }
 }
 

@@ -11,7 +11,7 @@ use super::device::{CudaError, Device};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -163,6 +163,9 @@ impl Kernels {
         }
         if set.cuda.contains_key(cuda_hc_pre::NAME) {
             units.push(Unit::fixed(cuda_hc_pre::NAME, cuda_hc_pre::source(), quant_params(&cuda_hc_pre::params()), cuda_hc_pre::THREADS, 0));
+        }
+        if set.cuda.contains_key(cuda_router::NAME) {
+            units.push(Unit::fixed(cuda_router::NAME, cuda_router::source(), quant_params(&cuda_router::params()), cuda_top_k::MAX_THREADS, cuda_router::MAX_SHARED_BYTES));
         }
         if set.cuda.contains_key(cuda_digits::X_DIGITS) {
             units.push(Unit::fixed(cuda_digits::X_DIGITS, cuda_digits::x_digits_source(), quant_params(&cuda_digits::x_digits_params()), cuda_digits::X_THREADS, 0));

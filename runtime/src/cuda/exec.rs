@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -295,6 +295,37 @@ impl GpuExecutor<'_> {
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
         Ok(true)
+    }
+
+    /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
+    /// `router_select` launch where it can run so (a decode's tokens, up to
+    /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`; `DS4_ROUTER=0` turns it off):
+    /// the values it makes ahead of their nodes (the biased scores none, the picks, the
+    /// weights). `logits`: `tokens` rows of `n`.
+    fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("DS4_ROUTER").as_deref() == Ok("0")) || tokens == 0 || tokens > cuda_hc_pre::MAX_TOKENS {
+            return Ok(None);
+        }
+        let Some(kl) = self.kernels.by_name.get(cuda_router::NAME) else { return Ok(None) };
+        let Some(c) = super::router::chain_at(self.graph, scores) else { return Ok(None) };
+        if !cuda_router::fits(n, c.k) {
+            return Ok(None);
+        }
+        let (sel, wts) = (self.dev.alloc(tokens * c.k * 4)?, self.dev.alloc(tokens * c.k * 4)?);
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("sel", Arg::Ptr(sel.ptr)),
+            ("wts", Arg::Ptr(wts.ptr)),
+            ("logits", Arg::Ptr(logits.ptr())),
+            ("bias", Arg::Ptr(self.weights.vector(&c.bias)?.ptr)),
+            ("n", u(n)),
+            ("k", u(c.k)),
+            ("scale", Arg::U64(c.scale.to_bits() as u64)),
+            ("normalize", u(c.normalize as usize)),
+        ];
+        self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+        Ok(Some(vec![(c.biased.index(), GVal::Freed), (c.top_k.index(), GVal::I(DevSlice::whole(sel, tokens * c.k))), (c.weights.index(), GVal::F(DevSlice::whole(wts, tokens * c.k)))]))
     }
 
     /// Threads per block of an op kernel over `items` items of `work` parallel iterations
@@ -720,7 +751,13 @@ impl GpuExecutor<'_> {
                 Op::HadamardFp4 { fp4 } => self.op("hadamard_fp4", n_out, 128, &[("x", f(0)?), ("fp4", Arg::Bool(*fp4))])?,
                 Op::RouterScores => {
                     let n = last(0);
-                    self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?
+                    match self.router_select(id, fs(0)?, rows(0), n)? {
+                        Some(ahead) => {
+                            made.extend(ahead);
+                            GVal::Freed
+                        }
+                        None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
+                    }
                 }
                 Op::RouterBiased => {
                     let n = last(0);

@@ -1,0 +1,145 @@
+//! `router_select`: a token's MoE routing in one launch, CUDA text: the router scores
+//! (`router_scores`: √softplus of the logits), the selection scores (`router_biased`: plus
+//! the bias), their top k (`top_k_sort`'s keys and sort) and the picks' weights
+//! (`router_weights`), four kernels of ~2-5 µs each at decode, 40 layers a step.
+//!
+//! Block t takes token t: its scores into shared memory, its selection keys sorted there,
+//! then one warp writes the picks and their weights, lane j pick j. The floats are the four
+//! kernels' (the same expressions; the weights' sum by the same shuffle tree as
+//! `router_weights` run by one warp, which is how the runtime launches it for k ≤ 32), so
+//! the picks and weights are theirs bit for bit (`cuda_kernels` checks). A place past the
+//! chosen scores is -1 with weight 0 (the generated `router_weights` would read outside the
+//! row there; the router's scores are finite, so it does not happen).
+//!
+//! The runtime finds the chain in the graph (`runtime/src/cuda/router.rs`) for rows of up
+//! to [`cuda_top_k::MAX_N`] experts and k ≤ [`MAX_K`]; `DS4_ROUTER=0` turns it off.
+
+use crate::cuda_top_k;
+use crate::quant::{BufElem, QParam};
+
+/// Kernel name.
+pub const NAME: &str = "router_select";
+/// The most picks (a warp's lanes).
+pub const MAX_K: usize = 32;
+
+/// Parameters in launch order. `scale` is an f32 bit pattern; `normalize` 0 or 1.
+pub fn params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: true },
+        QParam::Buffer { name: "wts", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "logits", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "bias", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n" },
+        QParam::Scalar { name: "k" },
+        QParam::Scalar { name: "scale" },
+        QParam::Scalar { name: "normalize" },
+    ]
+}
+
+/// Whether a router of `n` experts and `k` picks fits the kernel.
+pub fn fits(n: usize, k: usize) -> bool {
+    (1..=cuda_top_k::MAX_N).contains(&n) && (1..=MAX_K).contains(&k)
+}
+
+/// Threads of a launch over `n` experts (as `top_k_sort`'s).
+pub fn threads(n: usize) -> u32 {
+    cuda_top_k::threads(n)
+}
+
+/// Dynamic shared memory of a launch over `n` experts: the keys, then the scores.
+pub fn shared_bytes(n: usize) -> u32 {
+    cuda_top_k::shared_bytes(n) + (4 * n) as u32
+}
+
+/// The most dynamic shared memory a launch asks for.
+pub const MAX_SHARED_BYTES: u32 = cuda_top_k::MAX_SHARED_BYTES + (4 * cuda_top_k::MAX_N) as u32;
+
+/// The CUDA source. Launch: grid (tokens), [`threads`]`(n)` threads, [`shared_bytes`]`(n)`.
+pub fn source() -> String {
+    let mut s = format!("// {NAME}: a token's router scores, selection, top k and weights in one launch (codegen/src/cuda_router.rs).\n");
+    s.push_str(cuda_top_k::HELPERS);
+    s.push_str(&format!(
+        r#"
+extern "C" __global__ void __launch_bounds__({max_threads}) {NAME}(int* __restrict__ ds4_sel, float* __restrict__ ds4_wts, const float* __restrict__ ds4_logits, const float* __restrict__ ds4_bias, const unsigned long long n, const unsigned long long k, const unsigned long long scale, const unsigned long long normalize) {{
+{wait}    extern __shared__ unsigned long long ds4_keys[];
+    __shared__ unsigned int ds4_chosen;
+    const unsigned long long item = blockIdx.x;
+    const unsigned int nn = (unsigned int)n;
+    unsigned int len = 1u;
+    while (len < nn) {{
+        len <<= 1;
+    }}
+    float* const scores = (float*)(ds4_keys + len);
+    if (threadIdx.x == 0u) {{
+        ds4_chosen = 0u;
+    }}
+    __syncthreads();
+    // Scores (`router_scores`), selection keys of the biased scores (`router_biased`).
+    unsigned int mine = 0u;
+    for (unsigned int e = threadIdx.x; e < len; e += blockDim.x) {{
+        unsigned long long key = 0ull;
+        if (e < nn) {{
+            const float x = ds4_logits[item * n + e];
+            float sp = x;
+            if (x <= 20.0f) {{
+                sp = log1pf(expf(x));
+            }}
+            const float s = sqrtf(sp);
+            scores[e] = s;
+            key = ds4_top_k_key(s + ds4_bias[e], e);
+        }}
+        mine += key != 0ull ? 1u : 0u;
+        ds4_keys[e] = key;
+    }}
+    if (mine != 0u) {{
+        atomicAdd(&ds4_chosen, mine);
+    }}
+    __syncthreads();
+    ds4_sort_keys(ds4_keys, len);
+    // Picks and weights (`router_weights` by one warp: its sum is this shuffle tree).
+    if (threadIdx.x < 32u) {{
+        const unsigned int j = threadIdx.x;
+        const bool on = j < (unsigned int)k;
+        const int pick = on && j < ds4_chosen ? ds4_top_k_index(ds4_keys[j]) : -1;
+        const float s = pick >= 0 ? scores[pick] : 0.0f;
+        float sum = s;
+        for (int o = 16; o > 0; o >>= 1) {{
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }}
+        if (on) {{
+            const float sc = __uint_as_float((unsigned int)scale);
+            ds4_sel[item * k + j] = pick;
+            ds4_wts[item * k + j] = normalize != 0ull ? sc * s / (sum + 1e-20f) : sc * s;
+        }}
+    }}
+}}
+"#,
+        max_threads = cuda_top_k::MAX_THREADS,
+        wait = crate::cuda::GRID_WAIT
+    ));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_a_warp_of_picks() {
+        assert!(fits(256, 6) && fits(cuda_top_k::MAX_N, MAX_K));
+        assert!(!fits(0, 6) && !fits(256, 0) && !fits(256, MAX_K + 1) && !fits(cuda_top_k::MAX_N + 1, 6));
+        assert_eq!(shared_bytes(256), 256 * 8 + 256 * 4);
+    }
+
+    #[test]
+    fn source_declares_every_parameter_in_order() {
+        let s = source();
+        let sig = &s[s.find(&format!("{NAME}(")).unwrap()..];
+        let sig = &sig[..sig.find(')').unwrap()];
+        let mut at = 0;
+        for p in params() {
+            let i = sig[at..].find(p.name()).unwrap_or_else(|| panic!("{} missing or out of order", p.name()));
+            at += i + p.name().len();
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Where a decode step runs a token's MoE routing as one `router_select` launch
+//! (`ds4_codegen::cuda_router`): the graph's `RouterScores → RouterBiased → TopK` and the
+//! `RouterWeights` of those scores and picks (`model/src/builder.rs`, the routed experts of
+//! the non-hash layers). The scores and the biased scores are read by nothing else, so they
+//! are never made; the picks and the weights (which the experts read) are made by the one
+//! launch.
+
+use ds4_ir::{Graph, NodeId, Op};
+
+/// A chain found at its scores node.
+pub struct RouterChain {
+    pub biased: NodeId,
+    /// The selection bias's weight.
+    pub bias: String,
+    pub top_k: NodeId,
+    pub weights: NodeId,
+    pub k: usize,
+    pub scale: f32,
+    pub normalize: bool,
+}
+
+/// The chain that starts at `scores`, if the graph has one there: scores read only by a
+/// biased selection and by the weights; the selection read only by a top k; the weights
+/// of those scores and that top k. Neither skipped value is a graph output.
+pub fn chain_at(g: &Graph, scores: NodeId) -> Option<RouterChain> {
+    if !matches!(g.node(scores).op, Op::RouterScores) || g.is_output(scores) {
+        return None;
+    }
+    let readers = g.consumers(scores);
+    let biased = *readers.iter().find(|&&c| matches!(g.node(c).op, Op::RouterBiased))?;
+    let weights = *readers.iter().find(|&&c| matches!(g.node(c).op, Op::RouterWeights { .. }))?;
+    if readers.len() != 2 || g.inputs(biased)[0] != scores || g.is_output(biased) {
+        return None;
+    }
+    let [top_k] = g.consumers(biased)[..] else { return None };
+    let Op::TopK { k } = g.node(top_k).op else { return None };
+    let Op::RouterWeights { scale, normalize } = g.node(weights).op else { return None };
+    let Op::Weight { name: bias, .. } = &g.node(*g.inputs(biased).get(1)?).op else { return None };
+    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias: bias.clone(), top_k, weights, k, scale, normalize })
+}
