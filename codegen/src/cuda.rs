@@ -306,6 +306,20 @@ pub(crate) fn text_kernel(target: crate::Target, name: &str, file: &str, preambl
     Some(s)
 }
 
+/// Test support for the CUDA-text kernels with their own parameter list (`cuda_hc_pre.rs`,
+/// `cuda_digits.rs`, `cuda_router.rs`): the entry point `name` of `source` declares every
+/// parameter of `params`, in order.
+#[cfg(test)]
+pub(crate) fn assert_declares_params(source: &str, name: &str, params: &[crate::quant::QParam]) {
+    let sig = &source[source.find(&format!("{name}(")).unwrap_or_else(|| panic!("no {name}"))..];
+    let sig = &sig[..sig.find(')').unwrap()];
+    let mut at = 0;
+    for p in params {
+        let i = sig[at..].find(p.name()).unwrap_or_else(|| panic!("{name}: {} missing or out of order", p.name()));
+        at += i + p.name().len();
+    }
+}
+
 /// Test support for the CUDA-text kernels that take an IR kernel's contract
 /// (`cuda_attention.rs`, `cuda_hc_mix.rs`): the entry point `name` of `source` has the
 /// generated kernel's parameter list on every CUDA target, and no other target has it.

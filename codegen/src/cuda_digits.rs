@@ -380,14 +380,8 @@ mod tests {
 
     #[test]
     fn sources_declare_their_parameters_in_order() {
-        for (src, name, params) in [(x_digits_source(), X_DIGITS, x_digits_params()), (matvec_source(), MATVEC_IQ2_XXS, matvec_params()), (down_source(), MATVEC_Q2_K, down_params())] {
-            let sig = &src[src.find(&format!("{name}(")).unwrap()..];
-            let sig = &sig[..sig.find(')').unwrap()];
-            let mut at = 0;
-            for p in params {
-                let i = sig[at..].find(p.name()).unwrap_or_else(|| panic!("{name}: {} missing or out of order", p.name()));
-                at += i + p.name().len();
-            }
-        }
+        crate::cuda::assert_declares_params(&x_digits_source(), X_DIGITS, &x_digits_params());
+        crate::cuda::assert_declares_params(&matvec_source(), MATVEC_IQ2_XXS, &matvec_params());
+        crate::cuda::assert_declares_params(&down_source(), MATVEC_Q2_K, &down_params());
     }
 }

@@ -167,16 +167,6 @@ mod tests {
 
     #[test]
     fn source_declares_every_parameter_in_order() {
-        let s = source();
-        let sig = &s[s.find(&format!("{NAME}(")).unwrap()..];
-        let sig = &sig[..sig.find(')').unwrap()];
-        let mut at = 0;
-        for p in params() {
-            let name = match p {
-                QParam::Buffer { name, .. } | QParam::Scalar { name } => name,
-            };
-            let i = sig[at..].find(name).unwrap_or_else(|| panic!("{name} missing or out of order"));
-            at += i + name.len();
-        }
+        crate::cuda::assert_declares_params(&source(), NAME, &params());
     }
 }

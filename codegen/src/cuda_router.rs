@@ -133,13 +133,6 @@ mod tests {
 
     #[test]
     fn source_declares_every_parameter_in_order() {
-        let s = source();
-        let sig = &s[s.find(&format!("{NAME}(")).unwrap()..];
-        let sig = &sig[..sig.find(')').unwrap()];
-        let mut at = 0;
-        for p in params() {
-            let i = sig[at..].find(p.name()).unwrap_or_else(|| panic!("{} missing or out of order", p.name()));
-            at += i + p.name().len();
-        }
+        crate::cuda::assert_declares_params(&source(), NAME, &params());
     }
 }
