@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod cuda_attention;
+pub mod cuda_attention_merge;
 pub mod cuda_digits;
 pub mod cuda_hc_mix;
 pub mod cuda_hc_pre;

@@ -11,7 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
-use crate::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,7 +66,7 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
 pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
     match op {
         // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims).
-        Op::Attention { .. } => &[cuda_attention::NAME],
+        Op::Attention { .. } => &[cuda_attention::NAME, cuda_attention_merge::NAME],
         // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
         // projection, mix, collapse) in one launch.
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
@@ -148,6 +148,7 @@ impl KernelSet {
             set.ops.insert(k.name.clone(), BTreeSet::new());
         }
         set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
+        set.cuda.insert(cuda_attention_merge::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
         set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
         set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
@@ -207,6 +208,12 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
             cuda_attention::MAX_HD
         );
         entries.push(contract_entry(cuda_attention::NAME, &cuda_attention::contract(), ops, &file, &launch, cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES));
+    }
+    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention_merge::NAME), cuda_attention_merge::source(target)) {
+        let file = format!("{}.{ext}", cuda_attention_merge::NAME);
+        files.push(SourceFile { file: file.clone(), source });
+        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS);
+        entries.push(contract_entry(cuda_attention_merge::NAME, &cuda_attention_merge::contract(), ops, &file, &launch, 0));
     }
     if let (Some(ops), Some(source)) = (set.cuda.get(cuda_hc_mix::NAME), cuda_hc_mix::source(target)) {
         let file = format!("{}.{ext}", cuda_hc_mix::NAME);

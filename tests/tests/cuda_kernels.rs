@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -639,6 +639,38 @@ fn router_select_matches_the_chain_it_fuses() {
         let same = got_w.iter().zip(&want_w).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "router_select weights differ ({tokens} tokens, {n} experts, k {k}): {got_w:?} vs {want_w:?}");
         println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights");
+    }
+}
+
+/// `attention_merge_warp` against the f64 `attention_merge` whose contract it shares, and
+/// bit for bit against the generated `attention_merge` (the same f32 operations in the same
+/// order): 1 to 64 chunks, some that saw no row (max -inf), heads up to 512 wide.
+#[test]
+fn attention_merge_warp_matches_attention_merge() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (warp, generic) = (ks.get(cuda_attention_merge::NAME).unwrap(), ks.get("attention_merge").unwrap());
+    let k = cuda_attention_merge::contract();
+    let mut r = Rng(seed());
+    for (items, hd, nc) in [(1, 4, 1), (3, 17, 5), (64, 512, 32), (2, 512, cuda_attention_merge::MAX_CHUNKS)] {
+        assert!(cuda_attention_merge::fits(nc));
+        // Chunk 0 always saw the sink (a finite max); later chunks may have seen nothing.
+        let part: Vec<f64> = (0..items * nc * (hd + 2)).map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && i % 3 == 0 { f64::NEG_INFINITY } else { r.uniform(0.0, 2.0) as f32 as f64 }).collect();
+        let args = vec![A::F(part), A::U(hd), A::U(nc)];
+        let (n, bad, worst) = run_case_on(&dev, warp, items, &k, items, &args);
+        println!("attention_merge_warp: {items} items of {hd}, {nc} chunks: {n} values, {bad} mismatches, worst rel {worst:.2e}");
+        assert_eq!(bad, 0, "attention_merge_warp off the f64 reference ({items} × {hd}, {nc} chunks)");
+        let (ins, _bufs) = device_args(&dev, &k, &args);
+        let mut outs = Vec::new();
+        for (gpu, threads) in [(warp, warp.threads), (generic, generic.threads)] {
+            let out = dev.alloc(items * hd * 4).unwrap();
+            let mut all = vec![Arg::Ptr(out.ptr)];
+            all.extend(ins.iter().copied());
+            launch(&dev, &gpu.func, (items as u32, 1, 1), (threads, 1, 1), 0, &all).unwrap();
+            outs.push(out.read::<f32>(items * hd).unwrap());
+        }
+        let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "attention_merge_warp differs from the generated attention_merge ({items} × {hd}, {nc} chunks)");
     }
 }
 

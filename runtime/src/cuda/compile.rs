@@ -11,7 +11,7 @@ use super::device::{CudaError, Device};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -152,6 +152,10 @@ impl Kernels {
         if set.cuda.contains_key(cuda_attention::NAME) {
             let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
             units.push(Unit::fixed(cuda_attention::NAME, source, op_params(&cuda_attention::contract()), cuda_attention::THREADS, cuda_attention::DYN_SHARED_BYTES));
+        }
+        if set.cuda.contains_key(cuda_attention_merge::NAME) {
+            let source = cuda_attention_merge::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention_merge::NAME)))?;
+            units.push(Unit::fixed(cuda_attention_merge::NAME, source, op_params(&cuda_attention_merge::contract()), cuda_attention_merge::THREADS, 0));
         }
         if set.cuda.contains_key(cuda_hc_mix::NAME) {
             let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;

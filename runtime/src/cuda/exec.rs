@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -899,7 +899,13 @@ impl GpuExecutor<'_> {
                         let GVal::F(part) = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)? else { unreachable!() };
                         part
                     };
-                    self.op("attention_merge", n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
+                    // A warp takes the chunks' maxima and sums where they fit one
+                    // (cuda_attention_merge.rs: the same contract and floats).
+                    // `DS4_MERGE_WARP=0` turns it off (for measuring).
+                    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                    let off = *OFF.get_or_init(|| std::env::var("DS4_MERGE_WARP").as_deref() == Ok("0"));
+                    let warp = !off && cuda_attention_merge::fits(nc) && self.kernels.by_name.contains_key(cuda_attention_merge::NAME);
+                    self.op(if warp { cuda_attention_merge::NAME } else { "attention_merge" }, n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };
             profile::stop(self.dev, t_node, node.op.name(), label)?;
