@@ -426,6 +426,24 @@ fn attention_tiled_matches_the_attention_partial_reference() {
     assert!(failures.is_empty(), "attention_tiled off the reference: {failures:?}");
 }
 
+/// Two kernels of contract `k` (a CUDA-text kernel and the generated one it stands for),
+/// each in its own block size, on the same arguments over `items` items: whether their
+/// `len` output floats are equal bit for bit.
+fn same_bits(dev: &Arc<Device>, kernels: [&Loaded; 2], k: &Kernel, items: usize, len: usize, args: &[A]) -> bool {
+    let (ins, _bufs) = device_args(dev, k, args);
+    let outs: Vec<Vec<f32>> = kernels
+        .iter()
+        .map(|gpu| {
+            let out = dev.alloc(len * 4).unwrap();
+            let mut all = vec![Arg::Ptr(out.ptr)];
+            all.extend(ins.iter().copied());
+            launch(dev, &gpu.func, (items as u32, 1, 1), (gpu.threads, 1, 1), 0, &all).unwrap();
+            out.read::<f32>(len).unwrap()
+        })
+        .collect();
+    outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
 /// `hc_mix_warp` (a warp per token) against the f64 `hc_mix` whose contract it shares, and
 /// bit for bit against the generated `hc_mix` (the same f32 operations in the same order):
 /// every nh that fits a warp, 1 to 25 Sinkhorn iterations.
@@ -445,18 +463,7 @@ fn hc_mix_warp_matches_hc_mix() {
         let (n, bad, worst) = run_case_on(&dev, warp, t, &k, t, &args);
         println!("hc_mix_warp nh {nh}, {t} tokens: {n} values, {bad} mismatches, worst rel {worst:.2e}");
         assert_eq!(bad, 0, "hc_mix_warp off the f64 reference (nh {nh})");
-        // Both kernels on the same inputs: equal bit for bit.
-        let (ins, _bufs) = device_args(&dev, &k, &args);
-        let mut outs = Vec::new();
-        for (gpu, threads) in [(warp, warp.threads), (generic, generic.threads)] {
-            let out = dev.alloc(t * mw * 4).unwrap();
-            let mut all = vec![Arg::Ptr(out.ptr)];
-            all.extend(ins.iter().copied());
-            launch(&dev, &gpu.func, (t as u32, 1, 1), (threads, 1, 1), 0, &all).unwrap();
-            outs.push(out.read::<f32>(t * mw).unwrap());
-        }
-        let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "hc_mix_warp differs from the generated hc_mix (nh {nh})");
+        assert!(same_bits(&dev, [warp, generic], &k, t, t * mw, &args), "hc_mix_warp differs from the generated hc_mix (nh {nh})");
     }
 }
 
@@ -660,17 +667,7 @@ fn attention_merge_warp_matches_attention_merge() {
         let (n, bad, worst) = run_case_on(&dev, warp, items, &k, items, &args);
         println!("attention_merge_warp: {items} items of {hd}, {nc} chunks: {n} values, {bad} mismatches, worst rel {worst:.2e}");
         assert_eq!(bad, 0, "attention_merge_warp off the f64 reference ({items} × {hd}, {nc} chunks)");
-        let (ins, _bufs) = device_args(&dev, &k, &args);
-        let mut outs = Vec::new();
-        for (gpu, threads) in [(warp, warp.threads), (generic, generic.threads)] {
-            let out = dev.alloc(items * hd * 4).unwrap();
-            let mut all = vec![Arg::Ptr(out.ptr)];
-            all.extend(ins.iter().copied());
-            launch(&dev, &gpu.func, (items as u32, 1, 1), (threads, 1, 1), 0, &all).unwrap();
-            outs.push(out.read::<f32>(items * hd).unwrap());
-        }
-        let same = outs[0].iter().zip(&outs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "attention_merge_warp differs from the generated attention_merge ({items} × {hd}, {nc} chunks)");
+        assert!(same_bits(&dev, [warp, generic], &k, items, items * hd, &args), "attention_merge_warp differs from the generated attention_merge ({items} × {hd}, {nc} chunks)");
     }
 }
 
