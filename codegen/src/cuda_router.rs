@@ -21,6 +21,9 @@ use crate::quant::{BufElem, QParam};
 pub const NAME: &str = "router_select";
 /// The most picks (a warp's lanes).
 pub const MAX_K: usize = 32;
+/// The most tokens the runtime gives it (a decode step's; prefills keep the four kernels,
+/// where the launch count matters less and it has not been measured).
+pub const MAX_TOKENS: usize = 8;
 
 /// Parameters in launch order. `scale` is an f32 bit pattern; `normalize` 0 or 1.
 pub fn params() -> Vec<QParam> {

@@ -314,7 +314,7 @@ impl GpuExecutor<'_> {
     /// weights). `logits`: `tokens` rows of `n`.
     fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("DS4_ROUTER").as_deref() == Ok("0")) || tokens == 0 || tokens > cuda_hc_pre::MAX_TOKENS {
+        if *OFF.get_or_init(|| std::env::var("DS4_ROUTER").as_deref() == Ok("0")) || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return Ok(None);
         }
         let Some(kl) = self.kernels.by_name.get(cuda_router::NAME) else { return Ok(None) };
