@@ -177,6 +177,27 @@ extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned ch
     )
 }
 
+/// The reference of `x_digits` for one block of [`X_BLOCK`] values: the digit planes and
+/// the scale 2^(E−7), with E the least exponent for which every |x| < 2^E (0 for a block
+/// of zeros), the same steps the kernel takes (r = x / 2^E; d = trunc(128 r); r = 128 r −
+/// d, each exact in f32). `x` finite.
+pub fn digits_of(x: &[f32; X_BLOCK]) -> ([[i8; X_BLOCK]; DIGITS], f32) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // frexp: amax = f · 2^e with f in [0.5, 1).
+    let e = if amax > 0.0 { (amax as f64).log2().floor() as i32 + 1 } else { 0 };
+    let mut planes = [[0i8; X_BLOCK]; DIGITS];
+    for (j, &v) in x.iter().enumerate() {
+        let mut r = (v as f64 * 2f64.powi(-e)) as f32;
+        for plane in planes.iter_mut() {
+            let t = r * 128.0;
+            let d = t.trunc();
+            r = t - d;
+            plane[j] = d as i8;
+        }
+    }
+    (planes, (2f64.powi(e - 7)) as f32)
+}
+
 /// A table of the IQ2_XXS declaration as 8-byte entries (entry i: bytes 8i..8i+8, the first
 /// in the low byte), a CUDA array named `name`.
 fn table_u64(name: &str, table: &str) -> String {
@@ -359,6 +380,35 @@ extern "C" __global__ void __launch_bounds__({DOWN_MAX_THREADS}) {MATVEC_Q2_K}(f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The split is exact to 2^(E−28): each value comes back within that, the block's
+    /// largest exactly, every digit within ±127; blocks from 1e-30 to 1e30, with zeros.
+    #[test]
+    fn digits_give_x_back() {
+        let mut seed = 0x5d4u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for b in 0..2000 {
+            let mag = 10f64.powf(next() * 60.0 - 30.0);
+            let mut x = [0f32; X_BLOCK];
+            for (j, v) in x.iter_mut().enumerate() {
+                *v = if b % 7 == 3 || (b % 5 == 1 && j % 3 == 0) { 0.0 } else { ((next() * 2.0 - 1.0) * mag) as f32 };
+            }
+            let (planes, scale) = digits_of(&x);
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(amax == 0.0 || (amax as f64) < scale as f64 * 128.0, "block {b}: 2^E must exceed its values");
+            for j in 0..X_BLOCK {
+                let back: f64 = (0..DIGITS).map(|p| planes[p][j] as f64 * 128f64.powi(-(p as i32))).sum::<f64>() * scale as f64;
+                assert!((back - x[j] as f64).abs() <= scale as f64 * 2f64.powi(-21), "block {b}: {} back as {back}", x[j]);
+                assert!(planes.iter().all(|p| p[j] != i8::MIN), "block {b}: a digit past ±127");
+                if x[j].abs() == amax {
+                    assert_eq!(back, x[j] as f64, "block {b}: the largest value is exact");
+                }
+            }
+        }
+    }
 
     #[test]
     fn tables_are_the_declarations_bytes() {
