@@ -63,3 +63,26 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
     });
     Some(HcPreChain { proj, mix, collapse, w: weight_name(g, pin[1])?, scale: weight_name(g, min[1])?, base: weight_name(g, min[2])?, nh, iters, eps_mix: eps, norm })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the tiny golden model: a chain at each layer's two pre chains (before the
+    /// attention and before the FFN), each with the model's streams and Sinkhorn iterations
+    /// and the sublayer's weighted norm, and at no other plain norm.
+    #[test]
+    fn tiny_model_chains_before_every_sublayer() {
+        let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
+        let path = dir.join("models/tiny-q2/model.gguf");
+        let model = crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let g = &model.graph;
+        let chains: Vec<_> = g.order().into_iter().filter_map(|id| chain_at(g, id).map(|c| (id, c))).collect();
+        assert_eq!(chains.len(), 2 * model.hp.n_layer, "two pre chains a layer");
+        for (id, c) in &chains {
+            assert!(matches!(g.node(*id).op, Op::RmsNormPlain { .. }), "{}", g.node(*id).label);
+            assert_eq!((c.nh, c.iters), (model.hp.hc, model.hp.hc_iters), "{}", g.node(*id).label);
+            assert!(c.norm.is_some(), "{}: the sublayer's weighted norm reads the collapse", g.node(*id).label);
+        }
+    }
+}

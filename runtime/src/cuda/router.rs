@@ -38,3 +38,40 @@ pub fn chain_at(g: &Graph, scores: NodeId) -> Option<RouterChain> {
     let Op::Weight { name: bias, .. } = &g.node(*g.inputs(biased).get(1)?).op else { return None };
     (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias: bias.clone(), top_k, weights, k, scale, normalize })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the tiny golden model: a chain at the scores of every layer that routes by score,
+    /// with the layer's top k and its own bias, and none at the hash-routed layers (their
+    /// scores feed only the weights) or at any other node.
+    #[test]
+    fn tiny_model_chains_at_the_scored_layers() {
+        let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
+        let path = dir.join("models/tiny-q2/model.gguf");
+        let model = crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let g = &model.graph;
+        let mut found = 0;
+        for id in g.order() {
+            let node = g.node(id);
+            let chain = chain_at(g, id);
+            if !matches!(node.op, Op::RouterScores) {
+                assert!(chain.is_none(), "{}: a chain at a node that is not router scores", node.label);
+                continue;
+            }
+            let layer: usize = node.label.trim_start_matches("blk.").split('.').next().and_then(|l| l.parse().ok()).unwrap_or_else(|| panic!("{}: no layer", node.label));
+            match chain {
+                Some(c) => {
+                    assert!(layer >= model.hp.n_hash, "{}: a chain at a hash-routed layer", node.label);
+                    assert_eq!(c.k, model.hp.n_expert_used, "{}", node.label);
+                    assert!(c.bias.starts_with(&format!("blk.{layer}.")), "{}: bias {}", node.label, c.bias);
+                    assert!(matches!(g.node(c.top_k).op, Op::TopK { .. }) && matches!(g.node(c.weights).op, Op::RouterWeights { .. }));
+                    found += 1;
+                }
+                None => assert!(layer < model.hp.n_hash, "{}: no chain at a scored layer", node.label),
+            }
+        }
+        assert_eq!(found, model.hp.n_layer - model.hp.n_hash);
+    }
+}
