@@ -265,7 +265,7 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         entries.push(cuda_entry(cuda_split::NAME, ops, &file, "", &qparams_json(&cuda_split::params()), &launch, 0));
     }
     for ((kind, t), ops) in &set.quant {
-        if !kind.available(target) {
+        if !kind.available(target) || !quant::target_stores(target, *t) {
             continue;
         }
         let spec = ds4_ir::quant::spec(*t).ok_or_else(|| quant::QuantGenError(format!("{t}: no quant declaration")))?;

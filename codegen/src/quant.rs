@@ -245,6 +245,12 @@ pub fn device_type(target: Target, ty: GgmlType, row_len: u64) -> GgmlType {
     }
 }
 
+/// Whether `target` ever stores weights of type `ty`: every GGML type, and a device
+/// layout only where [`device_type`] makes it (CUDA). Kernels are generated for those.
+pub fn target_stores(target: Target, ty: GgmlType) -> bool {
+    !ty.is_device_layout() || target.is_cuda()
+}
+
 /// What a target spells its own way. Every method returns text; the core decides what
 /// is computed.
 pub trait QuantSyntax {
