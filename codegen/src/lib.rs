@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod metal;
 pub mod quant;
 pub mod render;
+pub mod text_kernels;
 pub mod wgsl;
 
 use ds4_ir::kir::Kernel;

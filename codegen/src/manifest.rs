@@ -11,6 +11,7 @@
 //! then quant types in `GgmlType` order.
 
 use crate::quant::{self, QParam, QuantKernelKind};
+use crate::text_kernels::{self, TextParams};
 use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
@@ -147,16 +148,9 @@ impl KernelSet {
         for k in ds4_ir::kernels::all() {
             set.ops.insert(k.name.clone(), BTreeSet::new());
         }
-        set.cuda.insert(cuda_attention::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_attention_merge::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_hc_mix::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_hc_pre::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_top_k::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_router::NAME, BTreeSet::new());
-        set.cuda.insert(cuda_digits::X_DIGITS, BTreeSet::new());
-        set.cuda.insert(cuda_digits::MATVEC_IQ2_XXS, BTreeSet::new());
-        set.cuda.insert(cuda_digits::MATVEC_Q2_K, BTreeSet::new());
-        set.cuda.insert(quant::cuda_split::NAME, BTreeSet::new());
+        for k in text_kernels::all() {
+            set.cuda.insert(k.name, BTreeSet::new());
+        }
         for &t in ds4_ir::quant::supported() {
             for kind in QuantKernelKind::ALL {
                 set.quant.insert((kind, t), BTreeSet::new());
@@ -197,72 +191,20 @@ pub fn generate(set: &KernelSet, target: Target) -> Result<(Vec<SourceFile>, Str
         files.push(SourceFile { file: file.clone(), source: render(&k, target) });
         entries.push(op_entry(&k, ops, &file, target));
     }
-    // The CUDA-only kernels (other targets have none).
-    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention::NAME), cuda_attention::source(target)) {
-        let file = format!("{}.{ext}", cuda_attention::NAME);
+    // The CUDA-only kernels (other targets have none), in their list's order; a name the
+    // set holds that the list lacks is an error, not a kernel quietly left out.
+    let text = text_kernels::all();
+    if let Some(unknown) = set.cuda.keys().find(|n| !text.iter().any(|k| k.name == **n)) {
+        return Err(quant::QuantGenError(format!("{unknown}: not a CUDA-text kernel (codegen/src/text_kernels.rs)")));
+    }
+    for k in &text {
+        let (Some(ops), Some(source)) = (set.cuda.get(k.name), k.source(target)) else { continue };
+        let file = format!("{}.{ext}", k.name);
         files.push(SourceFile { file: file.clone(), source });
-        let launch = format!(
-            "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}",
-            cuda_attention::TILE_HEADS,
-            cuda_attention::THREADS,
-            cuda_attention::MAX_HD
-        );
-        entries.push(contract_entry(cuda_attention::NAME, &cuda_attention::contract(), ops, &file, &launch, cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES));
-    }
-    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_attention_merge::NAME), cuda_attention_merge::source(target)) {
-        let file = format!("{}.{ext}", cuda_attention_merge::NAME);
-        files.push(SourceFile { file: file.clone(), source });
-        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS);
-        entries.push(contract_entry(cuda_attention_merge::NAME, &cuda_attention_merge::contract(), ops, &file, &launch, 0));
-    }
-    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_hc_mix::NAME), cuda_hc_mix::source(target)) {
-        let file = format!("{}.{ext}", cuda_hc_mix::NAME);
-        files.push(SourceFile { file: file.clone(), source });
-        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH);
-        entries.push(contract_entry(cuda_hc_mix::NAME, &cuda_hc_mix::contract(), ops, &file, &launch, 0));
-    }
-    if let (Some(ops), Some(source)) = (set.cuda.get(cuda_top_k::NAME), cuda_top_k::source(target)) {
-        let file = format!("{}.{ext}", cuda_top_k::NAME);
-        files.push(SourceFile { file: file.clone(), source });
-        let launch = format!("\"grid\": \"[items, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_n\": {}", cuda_top_k::MAX_THREADS, cuda_top_k::MAX_N);
-        entries.push(contract_entry(cuda_top_k::NAME, &cuda_top_k::contract(), ops, &file, &launch, cuda_top_k::MAX_SHARED_BYTES));
-    }
-    if let (Some(ops), true) = (set.cuda.get(cuda_hc_pre::NAME), target.is_cuda()) {
-        let file = format!("{}.{ext}", cuda_hc_pre::NAME);
-        files.push(SourceFile { file: file.clone(), source: cuda_hc_pre::source() });
-        let launch = format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS);
-        entries.push(cuda_entry(cuda_hc_pre::NAME, ops, &file, "", &qparams_json(&cuda_hc_pre::params()), &launch, 0));
-    }
-    if let (Some(ops), true) = (set.cuda.get(cuda_router::NAME), target.is_cuda()) {
-        let file = format!("{}.{ext}", cuda_router::NAME);
-        files.push(SourceFile { file: file.clone(), source: cuda_router::source() });
-        let launch = format!("\"grid\": \"[tokens, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K);
-        entries.push(cuda_entry(cuda_router::NAME, ops, &file, "", &qparams_json(&cuda_router::params()), &launch, cuda_router::MAX_SHARED_BYTES));
-    }
-    if let (Some(ops), true) = (set.cuda.get(cuda_digits::X_DIGITS), target.is_cuda()) {
-        let file = format!("{}.{ext}", cuda_digits::X_DIGITS);
-        files.push(SourceFile { file: file.clone(), source: cuda_digits::x_digits_source() });
-        let launch = format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS);
-        entries.push(cuda_entry(cuda_digits::X_DIGITS, ops, &file, "", &qparams_json(&cuda_digits::x_digits_params()), &launch, 0));
-    }
-    if let (Some(ops), true) = (set.cuda.get(cuda_digits::MATVEC_IQ2_XXS), target.is_cuda()) {
-        let file = format!("{}.{ext}", cuda_digits::MATVEC_IQ2_XXS);
-        files.push(SourceFile { file: file.clone(), source: cuda_digits::matvec_source() });
-        let launch = format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS);
-        entries.push(cuda_entry(cuda_digits::MATVEC_IQ2_XXS, ops, &file, "", &qparams_json(&cuda_digits::matvec_params()), &launch, 0));
-    }
-    if let (Some(ops), true) = (set.cuda.get(cuda_digits::MATVEC_Q2_K), target.is_cuda()) {
-        let file = format!("{}.{ext}", cuda_digits::MATVEC_Q2_K);
-        files.push(SourceFile { file: file.clone(), source: cuda_digits::down_source() });
-        let launch = format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": \"[32·picks ≤ {}, 1, 1]\"", cuda_digits::DOWN_ROWS_PER_BLOCK, 32 * cuda_digits::MAX_PICKS);
-        entries.push(cuda_entry(cuda_digits::MATVEC_Q2_K, ops, &file, "", &qparams_json(&cuda_digits::down_params()), &launch, 0));
-    }
-    if let (Some(ops), true) = (set.cuda.get(quant::cuda_split::NAME), target.is_cuda()) {
-        use quant::cuda_split;
-        let file = format!("{}.{ext}", cuda_split::NAME);
-        files.push(SourceFile { file: file.clone(), source: cuda_split::source() });
-        let launch = format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", 16 * cuda_split::THREADS, cuda_split::THREADS);
-        entries.push(cuda_entry(cuda_split::NAME, ops, &file, "", &qparams_json(&cuda_split::params()), &launch, 0));
+        entries.push(match &k.params {
+            TextParams::Contract(contract) => contract_entry(k.name, contract, ops, &file, &k.launch, k.manifest_shared),
+            TextParams::Own(params) => cuda_entry(k.name, ops, &file, "", &qparams_json(params), &k.launch, k.manifest_shared),
+        });
     }
     for ((kind, t), ops) in &set.quant {
         if !kind.available(target) || !quant::target_stores(target, *t) {

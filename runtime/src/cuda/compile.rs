@@ -11,7 +11,7 @@ use super::device::{CudaError, Device};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+use ds4_codegen::text_kernels::TextParams;
 use ds4_codegen::manifest::KernelSet;
 use ds4_codegen::quant::{self, QParam, QuantKernelKind};
 use ds4_codegen::Target;
@@ -149,40 +149,16 @@ impl Kernels {
                 });
             }
         }
-        if set.cuda.contains_key(cuda_attention::NAME) {
-            let source = cuda_attention::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention::NAME)))?;
-            units.push(Unit::fixed(cuda_attention::NAME, source, op_params(&cuda_attention::contract()), cuda_attention::THREADS, cuda_attention::DYN_SHARED_BYTES));
-        }
-        if set.cuda.contains_key(cuda_attention_merge::NAME) {
-            let source = cuda_attention_merge::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_attention_merge::NAME)))?;
-            units.push(Unit::fixed(cuda_attention_merge::NAME, source, op_params(&cuda_attention_merge::contract()), cuda_attention_merge::THREADS, 0));
-        }
-        if set.cuda.contains_key(cuda_hc_mix::NAME) {
-            let source = cuda_hc_mix::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_hc_mix::NAME)))?;
-            units.push(Unit::fixed(cuda_hc_mix::NAME, source, op_params(&cuda_hc_mix::contract()), cuda_hc_mix::THREADS, 0));
-        }
-        if set.cuda.contains_key(cuda_top_k::NAME) {
-            let source = cuda_top_k::source(target).ok_or_else(|| CudaError(format!("{target}: no {}", cuda_top_k::NAME)))?;
-            units.push(Unit::fixed(cuda_top_k::NAME, source, op_params(&cuda_top_k::contract()), cuda_top_k::MAX_THREADS, cuda_top_k::MAX_SHARED_BYTES));
-        }
-        if set.cuda.contains_key(cuda_hc_pre::NAME) {
-            units.push(Unit::fixed(cuda_hc_pre::NAME, cuda_hc_pre::source(), quant_params(&cuda_hc_pre::params()), cuda_hc_pre::THREADS, 0));
-        }
-        if set.cuda.contains_key(cuda_router::NAME) {
-            units.push(Unit::fixed(cuda_router::NAME, cuda_router::source(), quant_params(&cuda_router::params()), cuda_top_k::MAX_THREADS, cuda_router::MAX_SHARED_BYTES));
-        }
-        if set.cuda.contains_key(cuda_digits::X_DIGITS) {
-            units.push(Unit::fixed(cuda_digits::X_DIGITS, cuda_digits::x_digits_source(), quant_params(&cuda_digits::x_digits_params()), cuda_digits::X_THREADS, 0));
-        }
-        if set.cuda.contains_key(cuda_digits::MATVEC_IQ2_XXS) {
-            units.push(Unit::fixed(cuda_digits::MATVEC_IQ2_XXS, cuda_digits::matvec_source(), quant_params(&cuda_digits::matvec_params()), cuda_digits::THREADS, 0));
-        }
-        if set.cuda.contains_key(cuda_digits::MATVEC_Q2_K) {
-            units.push(Unit::fixed(cuda_digits::MATVEC_Q2_K, cuda_digits::down_source(), quant_params(&cuda_digits::down_params()), cuda_digits::down_threads(cuda_digits::MAX_PICKS), 0));
-        }
-        if set.cuda.contains_key(quant::cuda_split::NAME) {
-            use quant::cuda_split;
-            units.push(Unit::fixed(cuda_split::NAME, cuda_split::source(), quant_params(&cuda_split::params()), cuda_split::THREADS, 0));
+        // The CUDA-text kernels the set names, from their one list.
+        let text = ds4_codegen::text_kernels::all();
+        for name in set.cuda.keys() {
+            let k = text.iter().find(|k| k.name == *name).ok_or_else(|| CudaError(format!("{name}: not a CUDA-text kernel")))?;
+            let source = k.source(target).ok_or_else(|| CudaError(format!("{target}: no {name}")))?;
+            let params = match &k.params {
+                TextParams::Contract(contract) => op_params(contract),
+                TextParams::Own(own) => quant_params(own),
+            };
+            units.push(Unit::fixed(k.name, source, params, k.threads, k.dyn_shared));
         }
         for &(kind, t) in set.quant.keys() {
             if !kind.available(target) {

@@ -20,6 +20,15 @@ use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use std::collections::HashMap;
 
+/// Whether the measuring switch `$var` (an environment variable; every switch is on by
+/// default) is set to `0`, read once.
+macro_rules! switched_off {
+    ($var:literal) => {{
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OFF.get_or_init(|| std::env::var($var).as_deref() == Ok("0"))
+    }};
+}
+
 /// Blocks per SM an attention launch aims for.
 const ATTENTION_BLOCKS_PER_SM: usize = 4;
 
@@ -165,8 +174,7 @@ impl GpuExecutor<'_> {
     /// `k`) starts at `end`; its node and row count.
     /// `DS4_MATVEC_GROUPS=0` turns the groups off.
     fn next_in_group(&self, x: ds4_ir::NodeId, first: &DeviceTensor, k: usize, end: u64, done: impl Fn(usize) -> bool) -> Option<(ds4_ir::NodeId, usize)> {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("DS4_MATVEC_GROUPS").as_deref() == Ok("0")) {
+        if switched_off!("DS4_MATVEC_GROUPS") {
             return None;
         }
         self.graph.consumers(x).into_iter().find_map(|c| {
@@ -185,8 +193,7 @@ impl GpuExecutor<'_> {
     /// weighted norm where that is its only reader). `x`: the norm's
     /// input, `tokens` rows of `n` floats (the streams).
     fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("DS4_HC_PRE").as_deref() == Ok("0")) || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
+        if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
             return Ok(None);
         }
         let Some(c) = super::hc_pre::chain_at(self.graph, norm) else { return Ok(None) };
@@ -313,8 +320,7 @@ impl GpuExecutor<'_> {
     /// the values it makes ahead of their nodes (the biased scores none, the picks, the
     /// weights). `logits`: `tokens` rows of `n`.
     fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("DS4_ROUTER").as_deref() == Ok("0")) || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
+        if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return Ok(None);
         }
         let Some(kl) = self.kernels.by_name.get(cuda_router::NAME) else { return Ok(None) };
@@ -902,9 +908,7 @@ impl GpuExecutor<'_> {
                     // A warp takes the chunks' maxima and sums where they fit one
                     // (cuda_attention_merge.rs: the same contract and floats).
                     // `DS4_MERGE_WARP=0` turns it off (for measuring).
-                    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                    let off = *OFF.get_or_init(|| std::env::var("DS4_MERGE_WARP").as_deref() == Ok("0"));
-                    let warp = !off && cuda_attention_merge::fits(nc) && self.kernels.by_name.contains_key(cuda_attention_merge::NAME);
+                    let warp = !switched_off!("DS4_MERGE_WARP") && cuda_attention_merge::fits(nc) && self.kernels.by_name.contains_key(cuda_attention_merge::NAME);
                     self.op(if warp { cuda_attention_merge::NAME } else { "attention_merge" }, n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
                 }
             };

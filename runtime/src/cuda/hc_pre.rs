@@ -73,9 +73,7 @@ mod tests {
     /// and the sublayer's weighted norm, and at no other plain norm.
     #[test]
     fn tiny_model_chains_before_every_sublayer() {
-        let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
-        let path = dir.join("models/tiny-q2/model.gguf");
-        let model = crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let chains: Vec<_> = g.order().into_iter().filter_map(|id| chain_at(g, id).map(|c| (id, c))).collect();
         assert_eq!(chains.len(), 2 * model.hp.n_layer, "two pre chains a layer");

@@ -41,9 +41,7 @@ mod tests {
     /// F16 compressor projections, and the shared expert's gate and up.
     #[test]
     fn tiny_model_groups_share_their_input() {
-        let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
-        let path = dir.join("models/tiny-q2/model.gguf");
-        let model = crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let model = crate::cuda::tiny_q2();
         let w = &model.weights;
         let groups = weight_groups(&model.graph, &|n| w.get(n).map(|v| (v.ty, v.ne[0])));
         let has = |a: &str, b: &str| groups.iter().any(|gr| gr.iter().any(|n| n == a) && gr.iter().any(|n| n == b));

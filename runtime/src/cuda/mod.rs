@@ -58,3 +58,12 @@ pub fn skip_reason() -> Option<String> {
         Err(why) => Some(format!("skipped: no CUDA device ({why})")),
     }
 }
+
+/// The tiny golden model `tiny-q2` (`DS4_GOLDEN_DIR`, else ../shared/golden), for the
+/// graph-level tests of the decode fusions (`hc_pre.rs`, `router.rs`, `matvec_groups.rs`).
+#[cfg(test)]
+pub(crate) fn tiny_q2() -> crate::Model {
+    let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
+    let path = dir.join("models/tiny-q2/model.gguf");
+    crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

@@ -48,9 +48,7 @@ mod tests {
     /// scores feed only the weights) or at any other node.
     #[test]
     fn tiny_model_chains_at_the_scored_layers() {
-        let dir = std::env::var_os("DS4_GOLDEN_DIR").map_or_else(|| std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")), std::path::PathBuf::from);
-        let path = dir.join("models/tiny-q2/model.gguf");
-        let model = crate::Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let mut found = 0;
         for id in g.order() {

@@ -1,0 +1,172 @@
+//! The CUDA-text kernels in one list: what `ds4 gen` writes and states in the manifest and
+//! what the runtime compiles (`runtime/src/cuda/compile.rs`) both come from here, so a new
+//! one is an entry here and a line in `manifest::cuda_kernels` for the ops that run it.
+//!
+//! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
+//! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
+//! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
+//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `split_x_bf16x3`).
+
+use crate::quant::{cuda_split, QParam};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, Target};
+use ds4_ir::kir::Kernel;
+
+/// A CUDA-text kernel's parameters.
+pub enum TextParams {
+    /// An IR kernel's contract.
+    Contract(Kernel),
+    /// Its own, in launch order.
+    Own(Vec<QParam>),
+}
+
+/// One CUDA-text kernel.
+pub struct TextKernel {
+    pub name: &'static str,
+    pub params: TextParams,
+    /// Threads a block (the most, where a launch picks fewer).
+    pub threads: u32,
+    /// Dynamic shared memory the kernel may ask for (set as its attribute at load).
+    pub dyn_shared: u32,
+    /// The manifest's launch fields (a JSON object's inside).
+    pub launch: String,
+    /// The shared memory the manifest states.
+    pub manifest_shared: u32,
+    source: fn(Target) -> Option<String>,
+}
+
+impl TextKernel {
+    /// The kernel's source on `target` (None on the targets that are not CUDA).
+    pub fn source(&self, target: Target) -> Option<String> {
+        (self.source)(target)
+    }
+}
+
+/// A source that takes no target: CUDA's alone.
+fn cuda_only(target: Target, source: fn() -> String) -> Option<String> {
+    target.is_cuda().then(source)
+}
+
+/// Every CUDA-text kernel, in the manifest's order.
+pub fn all() -> Vec<TextKernel> {
+    vec![
+        TextKernel {
+            name: cuda_attention::NAME,
+            params: TextParams::Contract(cuda_attention::contract()),
+            threads: cuda_attention::THREADS,
+            dyn_shared: cuda_attention::DYN_SHARED_BYTES,
+            launch: format!(
+                "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}",
+                cuda_attention::TILE_HEADS,
+                cuda_attention::THREADS,
+                cuda_attention::MAX_HD
+            ),
+            manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
+            source: cuda_attention::source,
+        },
+        TextKernel {
+            name: cuda_attention_merge::NAME,
+            params: TextParams::Contract(cuda_attention_merge::contract()),
+            threads: cuda_attention_merge::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS),
+            manifest_shared: 0,
+            source: cuda_attention_merge::source,
+        },
+        TextKernel {
+            name: cuda_hc_mix::NAME,
+            params: TextParams::Contract(cuda_hc_mix::contract()),
+            threads: cuda_hc_mix::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH),
+            manifest_shared: 0,
+            source: cuda_hc_mix::source,
+        },
+        TextKernel {
+            name: cuda_top_k::NAME,
+            params: TextParams::Contract(cuda_top_k::contract()),
+            threads: cuda_top_k::MAX_THREADS,
+            dyn_shared: cuda_top_k::MAX_SHARED_BYTES,
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_n\": {}", cuda_top_k::MAX_THREADS, cuda_top_k::MAX_N),
+            manifest_shared: cuda_top_k::MAX_SHARED_BYTES,
+            source: cuda_top_k::source,
+        },
+        TextKernel {
+            name: cuda_hc_pre::NAME,
+            params: TextParams::Own(cuda_hc_pre::params()),
+            threads: cuda_hc_pre::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_hc_pre::source),
+        },
+        TextKernel {
+            name: cuda_router::NAME,
+            params: TextParams::Own(cuda_router::params()),
+            threads: cuda_top_k::MAX_THREADS,
+            dyn_shared: cuda_router::MAX_SHARED_BYTES,
+            launch: format!("\"grid\": \"[tokens, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K),
+            manifest_shared: cuda_router::MAX_SHARED_BYTES,
+            source: |t| cuda_only(t, cuda_router::source),
+        },
+        TextKernel {
+            name: cuda_digits::X_DIGITS,
+            params: TextParams::Own(cuda_digits::x_digits_params()),
+            threads: cuda_digits::X_THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_digits::x_digits_source),
+        },
+        TextKernel {
+            name: cuda_digits::MATVEC_IQ2_XXS,
+            params: TextParams::Own(cuda_digits::matvec_params()),
+            threads: cuda_digits::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_digits::matvec_source),
+        },
+        TextKernel {
+            name: cuda_digits::MATVEC_Q2_K,
+            params: TextParams::Own(cuda_digits::down_params()),
+            threads: cuda_digits::down_threads(cuda_digits::MAX_PICKS),
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": \"[32·picks ≤ {}, 1, 1]\"", cuda_digits::DOWN_ROWS_PER_BLOCK, 32 * cuda_digits::MAX_PICKS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_digits::down_source),
+        },
+        TextKernel {
+            name: cuda_split::NAME,
+            params: TextParams::Own(cuda_split::params()),
+            threads: cuda_split::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", 16 * cuda_split::THREADS, cuda_split::THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_split::source),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names are unique, and every kernel has CUDA source on both CUDA targets and none on
+    /// the others.
+    #[test]
+    fn every_text_kernel_once_and_only_for_cuda() {
+        let all = all();
+        let mut names: Vec<_> = all.iter().map(|k| k.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len(), "a name twice");
+        for k in &all {
+            for t in [Target::CudaSm90, Target::CudaSm120] {
+                assert!(k.source(t).is_some_and(|s| s.contains(&format!("{}(", k.name))), "{} on {t}", k.name);
+            }
+            for t in [Target::Cpu, Target::Wgsl, Target::Metal] {
+                assert!(k.source(t).is_none(), "{} on {t}", k.name);
+            }
+        }
+    }
+}
