@@ -10,6 +10,7 @@ pub mod cuda_attention;
 pub mod cuda_attention_merge;
 pub mod cuda_digits;
 pub mod cuda_hc_mix;
+pub mod cuda_f16_vec;
 pub mod cuda_hc_pre;
 pub mod cuda_router;
 pub mod cuda_top_k;

@@ -12,7 +12,7 @@
 
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::text_kernels::{self, TextParams};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -134,6 +134,10 @@ impl KernelSet {
                         for k in [cuda_digits::X_DIGITS, mv] {
                             set.cuda.entry(k).or_default().insert(node.op.name());
                         }
+                    }
+                    // A decode token's F16 mat-vecs in 16-byte loads (cuda_f16_vec.rs).
+                    if matches!(node.op, Op::MatMul | Op::GroupedMatMul { .. }) && t == ds4_ir::GgmlType::F16 && target.is_cuda() {
+                        set.cuda.entry(cuda_f16_vec::NAME).or_default().insert(node.op.name());
                     }
                 }
             }

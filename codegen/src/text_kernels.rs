@@ -5,10 +5,10 @@
 //! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
-//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `split_x_bf16x3`).
+//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `split_x_bf16x3`).
 
 use crate::quant::{cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -134,6 +134,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": \"[32·picks ≤ {}, 1, 1]\"", cuda_digits::DOWN_ROWS_PER_BLOCK, 32 * cuda_digits::MAX_PICKS),
             manifest_shared: 0,
             source: |t| cuda_only(t, cuda_digits::down_source),
+        },
+        TextKernel {
+            name: cuda_f16_vec::NAME,
+            params: TextParams::Own(cuda_f16_vec::params()),
+            threads: cuda_f16_vec::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_f16_vec::source),
         },
         TextKernel {
             name: cuda_split::NAME,

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -551,6 +551,39 @@ fn digits_experts_match_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_IQ2_XXS);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_IQ2_XXS);
+    }
+}
+
+/// `matvec_f16_vec` (a decode token's F16 mat-vec in 16-byte loads) against the f64
+/// product, to 1e-5 of Σ|w·x| as every mat-vec: one group (an odd row count: the last
+/// block's second row clamped, not written), row groups reading their own x, and the
+/// shapes it runs at in DeepSeek-V4-Flash (the router, the compressor, the indexer's q_b).
+#[test]
+fn matvec_f16_vec_matches_the_f64_product() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let kl = ks.get(cuda_f16_vec::NAME).unwrap();
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for &(n, k, ng) in &[(7, 64, 7), (12, 128, 4), (256, 4096, 256), (2048, 4096, 2048), (8192, 1024, 8192)] {
+        assert!(cuda_f16_vec::fits(n, k, ng, 1, false));
+        let w: Vec<u16> = (0..n * k).map(|_| ds4_ir::quant::rt::f16::from_f32(r.uniform(-1.0, 1.0) as f32).to_bits()).collect();
+        let x: Vec<f32> = (0..(n / ng) * k).map(|_| r.uniform(-4.0, 4.0) as f32).collect();
+        let (wb, xb, out) = (dev.upload(&w).unwrap(), dev.upload(&x).unwrap(), dev.alloc(n * 4).unwrap());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(ng)];
+        launch(&dev, &kl.func, (cuda_f16_vec::blocks(n), 1, 1), (kl.threads, 1, 1), 0, &args).unwrap();
+        let got: Vec<f32> = out.read(n).unwrap();
+        let mut worst = 0f64;
+        for row in 0..n {
+            let xr = &x[(row / ng) * k..][..k];
+            let (want, norm) = w[row * k..][..k].iter().zip(xr).fold((0f64, 0f64), |(a, m), (&h, &v)| {
+                let p = ds4_ir::quant::rt::f16::from_bits(h).to_f32() as f64 * v as f64;
+                (a + p, m + p.abs())
+            });
+            worst = worst.max((got[row] as f64 - want).abs() / norm.max(1e-30));
+        }
+        println!("{}: {n} rows × {k}, groups of {ng}: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_f16_vec::NAME);
+        assert!(worst < 1e-5, "{}: off by {worst}", cuda_f16_vec::NAME);
     }
 }
 

@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -386,6 +386,11 @@ impl GpuExecutor<'_> {
     #[allow(clippy::too_many_arguments)]
     fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
+        // A token's F16 rows in 16-byte loads (cuda_f16_vec.rs).
+        if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
+            let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("ng", u(ng))];
+            return self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named);
+        }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
         let named = [
             ("out", Arg::Ptr(out.ptr)),
