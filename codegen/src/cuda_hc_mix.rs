@@ -64,13 +64,16 @@ __device__ __forceinline__ float ds4_lane_sum(const float v, const unsigned int 
     }
     return s;
 }
-// `hc_mix` of one token whose 2·nh + nh² projections are `m`, into `o`, by one warp
-// (`lane` 0..32): lane i·nh + j holds entry (i, j) of the Sinkhorn matrix.
-__device__ __forceinline__ void ds4_hc_mix_lane(float* const o, const float* const m, const float* __restrict__ scale, const float* __restrict__ base, const unsigned int h, const unsigned long long iters, const float eps, const unsigned int lane) {
+// The pre and post weights of `hc_mix` (its first 2·nh outputs), lanes below nh.
+__device__ __forceinline__ void ds4_hc_pre_post_lane(float* const o, const float* const m, const float* __restrict__ scale, const float* __restrict__ base, const unsigned int h, const float eps, const unsigned int lane) {
     if (lane < h) {
         o[lane] = sigmoid(m[lane] * scale[0] + base[lane]) + eps;
         o[h + lane] = 2.0f * sigmoid(m[h + lane] * scale[1] + base[h + lane]);
     }
+}
+// `hc_mix`'s combination matrix (outputs 2·nh ..), Sinkhorn-normalized by one warp
+// (`lane` 0..32): lane i·nh + j holds entry (i, j).
+__device__ __forceinline__ void ds4_hc_comb_lane(float* const o, const float* const m, const float* __restrict__ scale, const float* __restrict__ base, const unsigned int h, const unsigned long long iters, const float eps, const unsigned int lane) {
     // This lane's entry (i, j) of comb (lanes past nh² compute on -inf and write nothing).
     const bool on = lane < h * h;
     const unsigned int i = lane / h;
@@ -97,6 +100,11 @@ __device__ __forceinline__ void ds4_hc_mix_lane(float* const o, const float* con
     if (on) {
         o[k] = v;
     }
+}
+// `hc_mix` of one token whose 2·nh + nh² projections are `m`, into `o`, by one warp.
+__device__ __forceinline__ void ds4_hc_mix_lane(float* const o, const float* const m, const float* __restrict__ scale, const float* __restrict__ base, const unsigned int h, const unsigned long long iters, const float eps, const unsigned int lane) {
+    ds4_hc_pre_post_lane(o, m, scale, base, h, eps, lane);
+    ds4_hc_comb_lane(o, m, scale, base, h, iters, eps, lane);
 }
 "#;
 

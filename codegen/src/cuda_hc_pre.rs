@@ -13,9 +13,13 @@
 //! (the normed streams' projection, scaled once instead of per element); the last of
 //! the token's blocks to finish (a ticket from `counters`, which it resets) runs the mix
 //! in one warp (`cuda_hc_mix`'s lanes, the same floats as `hc_mix` given the
-//! projections) and the collapse (`hc_collapse`'s order) with all its threads, then,
-//! where the graph norms the collapse (`has_norm`), that norm (`rms_norm`'s arithmetic,
-//! its sum in another order). The
+//! projections): its pre and post weights first, then its Sinkhorn matrix, which only
+//! `hc_expand` reads after the sublayer, while the other 31 warps make the collapse
+//! (`hc_collapse`'s order, from the pre weights alone) and, where the graph norms the
+//! collapse (`has_norm`), that norm (`rms_norm`'s arithmetic, its sum in another order).
+//! (The Sinkhorn is ~7 µs of the kernel's ~15 on the H200, the collapse and norm ~2.4;
+//! the Sinkhorn as a launch beside the sublayer's, a side branch of the step's graph,
+//! measured no faster: RESULTS.md, ninth stop.) The
 //! projections differ from the four kernels' in the last bits (other orders of the
 //! sums, one scaling); `cuda_kernels` holds them to 2e-5. The runtime uses it for the
 //! decode's few tokens (`MAX_TOKENS`), F16 projections and nh ≤ `cuda_hc_mix::MAX_NH`;
@@ -76,6 +80,17 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
+// Σ of v over the block's threads past warp 0 (warp 0 is elsewhere: named barrier 1).
+__device__ float ds4_sum_past_warp0(float v) {{
+    __shared__ float ds4_red0[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31u) == 0u) ds4_red0[threadIdx.x >> 5] = v;
+    asm volatile("bar.sync 1, %0;" :: "r"(blockDim.x - 32u) : "memory");
+    float s = 0.0f;
+    for (unsigned w = 1; w < (blockDim.x + 31u) >> 5; w++) s += ds4_red0[w];
+    return s;
+}}
+
 extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_mix, float* __restrict__ ds4_y, float* __restrict__ ds4_a, float* __restrict__ ds4_proj, int* __restrict__ ds4_counters, const float* __restrict__ ds4_x, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_scale, const float* __restrict__ ds4_base, const float* __restrict__ ds4_norm_w, const unsigned long long nh, const unsigned long long d, const unsigned long long iters, const unsigned long long eps_norm, const unsigned long long eps_mix, const unsigned long long has_norm, const unsigned long long eps_a) {{
 {wait}    const unsigned int item = blockIdx.y;
     const unsigned int row = blockIdx.x;
@@ -114,8 +129,16 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     if (threadIdx.x == 0) ds4_counters[item] = 0;
     __syncthreads();
     float* const mix = ds4_mix + item * mw;
-    if (threadIdx.x < 32) ds4_hc_mix_lane(mix, m, ds4_scale, ds4_base, h, iters, __uint_as_float((unsigned int)eps_mix), threadIdx.x);
+    if (threadIdx.x < 32) ds4_hc_pre_post_lane(mix, m, ds4_scale, ds4_base, h, __uint_as_float((unsigned int)eps_mix), threadIdx.x);
     __syncthreads();
+    // Warp 0 runs the Sinkhorn (read only by `hc_expand`, after the sublayer) while the
+    // other warps collapse the streams and norm the collapse, which need the pre weights
+    // alone.
+    if (threadIdx.x < 32) {{
+        ds4_hc_comb_lane(mix, m, ds4_scale, ds4_base, h, iters, __uint_as_float((unsigned int)eps_mix), threadIdx.x);
+        return;
+    }}
+    const unsigned int t = threadIdx.x - 32, nt = blockDim.x - 32;
     // The collapse (`hc_collapse`): the streams weighted by the mix's first nh entries,
     // added left to right, four outputs a thread at a time.
     float pre[DS4_MAX_NH];
@@ -124,7 +147,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     float yy_part = 0.0f;
-    for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
+    for (unsigned int c = t; c < d4; c += nt) {{
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
         for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
@@ -139,11 +162,11 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     if (has_norm == 0) return;
     // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
     // the outputs it wrote.
-    const float yy = ds4_block_sum(yy_part);
+    const float yy = ds4_sum_past_warp0(yy_part);
     const float inv_a = 1.0f / sqrtf(yy / (float)d + __uint_as_float((unsigned int)eps_a));
     const float4* const nw = (const float4*)ds4_norm_w;
     float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
-    for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
+    for (unsigned int c = t; c < d4; c += nt) {{
         const float4 v = y[c];
         const float4 g = nw[c];
         a[c] = make_float4(v.x * inv_a * g.x, v.y * inv_a * g.y, v.z * inv_a * g.z, v.w * inv_a * g.w);
