@@ -217,23 +217,25 @@ fn table_u64(name: &str, table: &str) -> String {
 pub fn matvec_source() -> String {
     let mut s = format!("// {MATVEC_IQ2_XXS}: IQ2_XXS experts' gate and up in dp4a against x's digits (codegen/src/cuda_digits.rs).\n\n");
     s.push_str(&table_u64("DS4_GRID", "GRID_BYTES"));
-    s.push_str(&table_u64("DS4_SIGNS", "SIGN_BYTES"));
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
     let _ = write!(
         s,
         r#"
-// Four weights of a grid entry's half `g` with the signs of `sg` (0x80 in a byte: negative)
-// as int8 values: a byte's two's complement negation is (b ^ 0xff) + 1.
-__device__ __forceinline__ int ds4_signed_bytes(const unsigned int g, const unsigned int sg) {{
-    const unsigned int m = (sg >> 7) & 0x01010101u;
+// Four weights of a grid entry's half `g` with the signs `m` (0x01 in a byte: negative) as
+// int8 values: a byte's two's complement negation is (b ^ 0xff) + 1.
+__device__ __forceinline__ int ds4_signed_bytes(const unsigned int g, const unsigned int m) {{
     return (int)((g ^ (m * 255u)) + m);
+}}
+
+// Bits 0..4 of `b` spread to the low bit of bytes 0..4 (the four shifted copies of b do not
+// overlap: no carries).
+__device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) {{
+    return (b * 0x00204081u) & 0x01010101u;
 }}
 
 extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* __restrict__ ds4_out_g, float* __restrict__ ds4_out_u, const unsigned char* __restrict__ ds4_wg, const unsigned char* __restrict__ ds4_wu, const unsigned char* __restrict__ ds4_xd, const float* __restrict__ ds4_xs, const int* __restrict__ ds4_sel, const unsigned long long n, const unsigned long long k, const unsigned long long row_bytes, const unsigned long long picks) {{
 {wait}    __shared__ unsigned long long grid[256];
-    __shared__ unsigned long long signs[128];
     for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) grid[i] = DS4_GRID[i];
-    for (unsigned int i = threadIdx.x; i < 128u; i += blockDim.x) signs[i] = DS4_SIGNS[i];
     __syncthreads();
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned long long row0 = ((unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5)) * 4ull;
@@ -266,9 +268,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* 
             #pragma unroll
             for (unsigned int c = 0; c < 4u; c++) {{
                 const unsigned long long g = grid[(q >> (8u * c)) & 255u];
-                const unsigned long long sg = signs[(aux >> (7u * c)) & 127u];
-                const int w0 = ds4_signed_bytes((unsigned int)g, (unsigned int)sg);
-                const int w1 = ds4_signed_bytes((unsigned int)(g >> 32), (unsigned int)(sg >> 32));
+                // The 7-bit sign pattern and its parity as the 8th sign (an even number of
+                // negatives: the declaration's SIGN_BYTES, computed instead of looked up,
+                // since the loads, not the arithmetic, bound the kernel).
+                const unsigned int s7 = (aux >> (7u * c)) & 127u;
+                const unsigned int s8 = s7 | ((__popc(s7) & 1u) << 7);
+                const int w0 = ds4_signed_bytes((unsigned int)g, ds4_bits_to_bytes(s8 & 15u));
+                const int w1 = ds4_signed_bytes((unsigned int)(g >> 32), ds4_bits_to_bytes(s8 >> 4));
                 #pragma unroll
                 for (unsigned int d = 0; d < {DIGITS}u; d++) {{
                     const unsigned int* const x4 = (const unsigned int*)&xv[d][0];
@@ -381,6 +387,27 @@ extern "C" __global__ void __launch_bounds__({DOWN_MAX_THREADS}) {MATVEC_Q2_K}(f
 mod tests {
     use super::*;
 
+    /// The kernel's sign arithmetic (the pattern, its parity as the 8th sign, each bit
+    /// spread to a byte) gives the declaration's SIGN_BYTES for every pattern.
+    #[test]
+    fn sign_parity_is_the_declared_sign_table() {
+        let spec = ds4_ir::quant::spec(GgmlType::Iq2Xxs).unwrap();
+        let t = spec.tables.iter().find(|t| t.name == "SIGN_BYTES").unwrap();
+        let TableData::U8(bytes) = t.data else { panic!("a byte table") };
+        let spread = |b: u32| b.wrapping_mul(0x0020_4081) & 0x0101_0101;
+        for s7 in 0..128u32 {
+            let s8 = s7 | ((s7.count_ones() & 1) << 7);
+            let want = &bytes[8 * s7 as usize..][..8];
+            let lo = spread(s8 & 15).to_le_bytes();
+            let hi = spread(s8 >> 4).to_le_bytes();
+            for j in 0..4 {
+                assert_eq!(want[j] == 0x80, lo[j] == 1, "pattern {s7}, sign {j}");
+                assert_eq!(want[4 + j] == 0x80, hi[j] == 1, "pattern {s7}, sign {}", 4 + j);
+                assert!(matches!(want[j], 0 | 0x80) && matches!(want[4 + j], 0 | 0x80));
+            }
+        }
+    }
+
     /// The split is exact to 2^(E−28): each value comes back within that, the block's
     /// largest exactly, every digit within ±127; blocks from 1e-30 to 1e30, with zeros.
     #[test]
@@ -413,9 +440,9 @@ mod tests {
     #[test]
     fn tables_are_the_declarations_bytes() {
         let s = matvec_source();
-        // Entry 0 of the grid is eight 8s; sign pattern 1 negates elements 0 and 7.
+        // Entry 0 of the grid is eight 8s (the signs are computed: the test above).
         assert!(s.contains("DS4_GRID[256] = {0x0808080808080808ull"), "{}", &s[..200]);
-        assert!(s.contains("DS4_SIGNS[128] = {0x0000000000000000ull, 0x8000000000000080ull"));
+        assert!(!s.contains("DS4_SIGNS"));
     }
 
     #[test]
