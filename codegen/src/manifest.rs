@@ -12,7 +12,7 @@
 
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::text_kernels::{self, TextParams};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, render, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,6 +71,9 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
         // projection, mix, collapse) in one launch.
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
+        // A row's RMS norm, RoPE and FP8 round trip in one launch (the attention's query
+        // heads and KV row).
+        Op::Rope { .. } => &[cuda_norm_rope::NAME],
         // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N).
         Op::TopK { .. } => &[cuda_top_k::NAME],
         // A decode token's routing (scores, selection, top k, weights) in one launch.

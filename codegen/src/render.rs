@@ -258,18 +258,20 @@ pub fn render_kernel(d: &dyn Dialect, k: &Kernel) -> String {
     let split = splits_items(d, k);
     let r = Renderer { d, k, parallel, split, in_par: Cell::new(false), rename: RefCell::new(HashMap::new()) };
     let mut s = d.prelude(k);
-    for h in &k.helpers {
-        let _ = writeln!(s, "{} {{", d.helper_signature(h));
-        r.block(&mut s, &h.body, 1);
-        let _ = writeln!(s, "    {}", d.helper_return(&r.expr(&h.result).text));
-        s.push_str("}\n\n");
-    }
+    s.push_str(&r.helpers());
     let out_len = r.expr(&k.out_len).text;
     s.push_str(&d.kernel_open(k, &out_len, parallel));
     r.block(&mut s, &k.body, 1);
     s.push_str(&d.kernel_close(k, &out_len, parallel));
     s.push_str("}\n");
     s
+}
+
+/// `k`'s helper functions alone, in dialect `d` (for CUDA text that uses an op kernel's
+/// helpers: `cuda_norm_rope.rs`).
+pub fn render_helpers(d: &dyn Dialect, k: &Kernel) -> String {
+    let r = Renderer { d, k, parallel: runs_parallel(d, k), split: splits_items(d, k), in_par: Cell::new(false), rename: RefCell::new(HashMap::new()) };
+    r.helpers()
 }
 
 struct Renderer<'a> {
@@ -286,6 +288,18 @@ struct Renderer<'a> {
 }
 
 impl Renderer<'_> {
+    /// The kernel's helper functions.
+    fn helpers(&self) -> String {
+        let mut s = String::new();
+        for h in &self.k.helpers {
+            let _ = writeln!(s, "{} {{", self.d.helper_signature(h));
+            self.block(&mut s, &h.body, 1);
+            let _ = writeln!(s, "    {}", self.d.helper_return(&self.expr(&h.result).text));
+            s.push_str("}\n\n");
+        }
+        s
+    }
+
     /// A local's or param's name as the target spells it here.
     fn name(&self, n: &str) -> String {
         match self.rename.borrow().get(n) {

@@ -5,10 +5,11 @@
 //! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
-//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `split_x_bf16x3`).
+//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
+//! `split_x_bf16x3`).
 
 use crate::quant::{cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -143,6 +144,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS),
             manifest_shared: 0,
             source: |t| cuda_only(t, cuda_f16_vec::source),
+        },
+        TextKernel {
+            name: cuda_norm_rope::NAME,
+            params: TextParams::Own(cuda_norm_rope::params()),
+            threads: cuda_norm_rope::MAX_THREADS,
+            dyn_shared: cuda_norm_rope::shared_bytes(cuda_norm_rope::MAX_N),
+            launch: format!("\"grid\": \"[rows, 1, 1]\", \"block\": \"[the norm's threads ≤ {}, 1, 1]\", \"max_n\": {}", cuda_norm_rope::MAX_THREADS, cuda_norm_rope::MAX_N),
+            manifest_shared: cuda_norm_rope::shared_bytes(cuda_norm_rope::MAX_N),
+            source: cuda_norm_rope::source,
         },
         TextKernel {
             name: cuda_split::NAME,

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -551,6 +551,68 @@ fn digits_experts_match_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_IQ2_XXS);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_IQ2_XXS);
+    }
+}
+
+/// `norm_rope` (a row's RMS norm, RoPE and FP8 round trip in one launch) against the
+/// generated kernels it stands for, launched one after another with the norm's threads,
+/// bit for bit: query-like rows (plain norm, several heads, no round trip) and KV-like rows
+/// (weighted norm, one head, the round trip), at token and compressed positions, forward
+/// and inverse, with 64 to 1024 threads.
+#[test]
+fn norm_rope_matches_the_chain_it_fuses() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    let fused = ks.get(cuda_norm_rope::NAME).unwrap();
+    for case in 0..8 {
+        let weighted = case % 2 == 1;
+        let heads = if weighted { 1 } else { [1, 4, 8][case % 3] };
+        let n = [64, 128, 512, 1024][r.range(0, 4)];
+        let n_rot = 2 * r.range(1, n / 4 + 1);
+        let tokens = r.range(1, 6);
+        let rows = tokens * heads;
+        let threads = [64u32, 128, 256, 512, 1024][r.range(0, 5)];
+        let (pos_base, pos_mult) = if case % 4 == 3 { (r.range(0, 1000), 4) } else { (r.range(0, 100000), 1) };
+        let sign = if case == 6 { -1.0f32 } else { 1.0 };
+        let fp8 = weighted && case != 7;
+        let n_nope = n - n_rot;
+        let f32s = |r: &mut Rng, len: usize, lo: f64, hi: f64| -> Vec<f32> { r.f32_floats(len, lo, hi).iter().map(|&v| v as f32).collect() };
+        let (x, w, freq) = (f32s(&mut r, rows * n, -40.0, 40.0), f32s(&mut r, n, 0.5, 1.5), f32s(&mut r, n_rot / 2, 1e-4, 1.0));
+        let (xb, wb, fb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap(), dev.upload(&freq).unwrap());
+        let eps = 1e-6f32;
+        // The chain.
+        let normed = dev.alloc(rows * n * 4).unwrap();
+        if weighted {
+            let k = ks.get("rms_norm").unwrap();
+            launch(&dev, &k.func, (rows as u32, 1, 1), (threads, 1, 1), 0, &[Arg::Ptr(normed.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), u(n), Arg::F32(eps)]).unwrap();
+        } else {
+            let k = ks.get("rms_norm_plain").unwrap();
+            launch(&dev, &k.func, (rows as u32, 1, 1), (threads, 1, 1), 0, &[Arg::Ptr(normed.ptr), Arg::Ptr(xb.ptr), u(n), Arg::F32(eps)]).unwrap();
+        }
+        let roped = dev.alloc(rows * n * 4).unwrap();
+        let k = ks.get("rope").unwrap();
+        launch(&dev, &k.func, (rows as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(roped.ptr), Arg::Ptr(normed.ptr), Arg::Ptr(fb.ptr), u(heads), u(n), u(n_rot), u(pos_base), u(pos_mult), Arg::F32(sign)]).unwrap();
+        let want: Vec<f32> = if fp8 {
+            let out = dev.alloc(rows * n * 4).unwrap();
+            let k = ks.get("fp8_roundtrip").unwrap();
+            launch(&dev, &k.func, (rows as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(out.ptr), Arg::Ptr(roped.ptr), u(n), u(n_nope)]).unwrap();
+            out.read(rows * n).unwrap()
+        } else {
+            roped.read(rows * n).unwrap()
+        };
+        // The one launch.
+        let out = dev.alloc(rows * n * 4).unwrap();
+        let args = [
+            Arg::Ptr(out.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(fb.ptr), u(n), u(heads), u(n_rot), u(pos_base), u(pos_mult),
+            Arg::U64(eps.to_bits() as u64), Arg::U64(sign.to_bits() as u64), u(weighted as usize), u(fp8 as usize), u(n_nope),
+        ];
+        launch(&dev, &fused.func, (rows as u32, 1, 1), (threads, 1, 1), cuda_norm_rope::shared_bytes(n), &args).unwrap();
+        let got: Vec<f32> = out.read(rows * n).unwrap();
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        println!("norm_rope: {rows} rows of {n} ({heads} heads, n_rot {n_rot}, {threads} threads, weighted {weighted}, fp8 {fp8}, sign {sign}): {differ} values differ");
+        assert_eq!(differ, 0, "norm_rope is not the chain's floats");
     }
 }
 

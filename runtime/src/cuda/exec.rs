@@ -14,7 +14,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -70,6 +70,14 @@ fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
         Op::Weight { name, .. } => Ok(name.clone()),
         _ => Err(ExecError::Internal(format!("{}: a matmul's weight is not a weight node", g.node(id).label))),
     }
+}
+
+/// A RoPE launch's frequencies, position base and multiplier, and sign (`rope_args`).
+struct RopeArgs {
+    freq: Arc<DeviceBuf>,
+    base: usize,
+    mult: usize,
+    sign: f32,
 }
 
 /// A value flowing along an edge: f32 or i32 elements on the device, or a weight.
@@ -233,6 +241,86 @@ impl GpuExecutor<'_> {
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
+        Ok(Some(made))
+    }
+
+    /// A RoPE op's frequencies on the device (uploaded once per table), its positions' base
+    /// and multiplier for this run, and its direction.
+    fn rope_args(&self, op: &Op, bind: Bind) -> Result<RopeArgs, ExecError> {
+        let Op::Rope { inv_freq, pos, inverse, .. } = op else { return Err(ExecError::Internal("not a RoPE".into())) };
+        let bits: Vec<u32> = inv_freq.iter().map(|&v| (v as f32).to_bits()).collect();
+        let freq = {
+            let mut cache = self.freqs.lock().map_err(|_| ExecError::Internal("frequency cache poisoned".into()))?;
+            match cache.get(&bits) {
+                Some(b) => b.clone(),
+                None => {
+                    let host: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+                    let b = Arc::new(self.dev.upload(&host)?);
+                    cache.insert(bits, b.clone());
+                    b
+                }
+            }
+        };
+        let (base, mult) = match pos {
+            RopePos::Tokens => (bind.pos0, 1),
+            RopePos::Compressed { ratio } => (bind.pos0 / ratio, *ratio),
+        };
+        Ok(RopeArgs { freq, base, mult, sign: if *inverse { -1.0 } else { 1.0 } })
+    }
+
+    /// A row's norm, RoPE and FP8 round trip as one `norm_rope` launch where the graph
+    /// chains them at `norm` (`norm_rope.rs`): the values of the chain's nodes after the
+    /// norm (the last one made, the others never), or None to run the ops one by one.
+    /// `x`: the norm's input, `n_out` floats in rows of `n`. `DS4_NORM_ROPE=0` turns it off.
+    fn norm_rope(&self, norm: ds4_ir::NodeId, x: &DevSlice, n_out: usize, n: usize, bind: Bind) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        if switched_off!("DS4_NORM_ROPE") || !self.kernels.by_name.contains_key(cuda_norm_rope::NAME) {
+            return Ok(None);
+        }
+        let Some(c) = super::norm_rope::chain_at(self.graph, norm) else { return Ok(None) };
+        let rope = self.graph.node(c.rope);
+        let Op::Rope { n_rot, .. } = rope.op else { return Ok(None) };
+        let rope_shape = rope.ty.shape.eval(bind);
+        let (heads, hd) = match rope_shape[..] {
+            [_, heads, hd] => (heads, hd),
+            _ => return Ok(None),
+        };
+        if n == 0 || n > cuda_norm_rope::MAX_N || hd != n || n_rot > n || n_rot % 2 != 0 || n_out % n != 0 {
+            return Ok(None);
+        }
+        let w = match c.weight {
+            Some(id) => match &self.graph.node(id).op {
+                Op::Weight { name, .. } => Some(self.weights.vector(name)?.ptr),
+                _ => return Ok(None),
+            },
+            None => None,
+        };
+        let r = self.rope_args(&rope.op, bind)?;
+        let rows = n_out / n;
+        let out = self.dev.alloc(n_out * 4)?;
+        // The norm's own threads, so that its sums are the same floats.
+        let norm_kernel = self.kernels.get(if w.is_some() { "rms_norm" } else { "rms_norm_plain" })?;
+        let threads = self.op_threads(norm_kernel, rows, n);
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("out", Arg::Ptr(out.ptr)),
+            ("x", Arg::Ptr(x.ptr())),
+            ("w", Arg::Ptr(w.unwrap_or(self.dummy.ptr))),
+            ("inv_freq", Arg::Ptr(r.freq.ptr)),
+            ("n", u(n)),
+            ("heads", u(heads)),
+            ("n_rot", u(n_rot)),
+            ("pos_base", u(r.base)),
+            ("pos_mult", u(r.mult)),
+            ("eps", Arg::U64(c.eps.to_bits() as u64)),
+            ("sign", Arg::U64((r.sign as f32).to_bits() as u64)),
+            ("weighted", u(w.is_some() as usize)),
+            ("fp8", u(c.fp8.is_some() as usize)),
+            ("n_nope", u(c.fp8.unwrap_or(0))),
+        ];
+        let k = self.kernels.get(cuda_norm_rope::NAME)?;
+        self.call_threads(k, cuda_norm_rope::NAME, (rows as u32, 1, 1), threads, cuda_norm_rope::shared_bytes(n), &named)?;
+        let mut made: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
+        made.push((c.last.index(), GVal::F(DevSlice::whole(out, n_out))));
         Ok(Some(made))
     }
 
@@ -705,7 +793,13 @@ impl GpuExecutor<'_> {
                 },
                 Op::RmsNorm { eps } => {
                     let n = last(0);
-                    self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?
+                    match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
+                        Some(ahead) => {
+                            made.extend(ahead);
+                            GVal::Freed
+                        }
+                        None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                    }
                 }
                 Op::RmsNormPlain { eps } => {
                     let n = last(0);
@@ -714,7 +808,13 @@ impl GpuExecutor<'_> {
                             made.extend(ahead);
                             GVal::Freed
                         }
-                        None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                        None => match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
+                            Some(ahead) => {
+                                made.extend(ahead);
+                                GVal::Freed
+                            }
+                            None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                        },
                     }
                 }
                 Op::Add => {
@@ -742,27 +842,10 @@ impl GpuExecutor<'_> {
                     let d = last(0);
                     self.op("hc_expand", n_out, nh * d, &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
                 }
-                Op::Rope { n_rot, inv_freq, pos, inverse } => {
+                Op::Rope { n_rot, .. } => {
                     let (heads, hd) = (shape[1], shape[2]);
-                    let bits: Vec<u32> = inv_freq.iter().map(|&v| (v as f32).to_bits()).collect();
-                    let freq = {
-                        let mut cache = self.freqs.lock().map_err(|_| ExecError::Internal("frequency cache poisoned".into()))?;
-                        match cache.get(&bits) {
-                            Some(b) => b.clone(),
-                            None => {
-                                let host: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
-                                let b = Arc::new(self.dev.upload(&host)?);
-                                cache.insert(bits, b.clone());
-                                b
-                            }
-                        }
-                    };
-                    let (base, mult) = match pos {
-                        RopePos::Tokens => (bind.pos0, 1),
-                        RopePos::Compressed { ratio } => (bind.pos0 / ratio, *ratio),
-                    };
-                    let sign = if *inverse { -1.0 } else { 1.0 };
-                    let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(base)), ("pos_mult", u(mult)), ("sign", fl(sign))];
+                    let r = self.rope_args(&node.op, bind)?;
+                    let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
                     self.op("rope", n_out, hd, &named)?
                 }
                 Op::Fp8RoundTrip { n_nope } => {

@@ -26,6 +26,7 @@ mod device_log;
 mod exec;
 mod expert_ids;
 mod hc_pre;
+mod norm_rope;
 mod router;
 mod matvec_groups;
 pub mod launch_plan;
@@ -45,7 +46,7 @@ pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;
 /// The tiled attention kernel (CUDA text): its name, launch and limits.
-pub use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_router, cuda_top_k};
+pub use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k};
 pub use ds4_codegen::quant::{kernel_name as quant_kernel_name, matvec_block_rows, matvec_reads_in_place, matvec_split_below, mma_k_unit, QuantKernelKind, TOKENS as MATMUL_TOKENS};
 /// Rows and tokens of a tensor-core matmul tile.
 pub const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;

@@ -1,0 +1,144 @@
+//! `norm_rope`: an RMS norm, the RoPE of its rows, and optionally the FP8 round trip, in one
+//! launch, CUDA text.
+//!
+//! The attention makes its queries and its KV row in chains of per-row ops
+//! (`model/src/builder.rs`): each query head `rms_norm_plain → rope`, the KV row `rms_norm →
+//! rope → fp8_roundtrip`. At decode each op is a launch of a few µs over 64 or one rows of
+//! 512 values, three a layer (129 a step on DeepSeek-V4-Flash). Here block `item` norms its
+//! row into shared memory (the same loop and block sum as `rms_norm`, launched with the
+//! same threads, so the same floats), rotates the last `n_rot` values there (`rope`'s
+//! arithmetic), and writes the row, after the FP8 round trip of its first `n_nope` values
+//! where asked (`fp8_roundtrip`'s arithmetic, its `e4m3_round` rendered from the op
+//! kernel's IR helper). Bit for bit the chain's output (`cuda_kernels` checks).
+//!
+//! The runtime finds the chains (`runtime/src/cuda/norm_rope.rs`) and runs this kernel at
+//! any number of rows up to [`MAX_N`] values each; `DS4_NORM_ROPE=0` turns it off.
+
+use crate::quant::{BufElem, QParam};
+use crate::Target;
+
+/// Kernel name.
+pub const NAME: &str = "norm_rope";
+/// The most threads a block (a launch gives it the norm's own).
+pub const MAX_THREADS: u32 = 1024;
+/// The longest row (its floats are staged in dynamic shared memory).
+pub const MAX_N: usize = crate::cuda::STAGE_OUT_LIMIT / 4;
+
+/// Parameters in launch order. `eps` and `sign` are f32 bit patterns; `w` is read only when
+/// `weighted` is 1, the round trip made only when `fp8` is 1 (over the first `n_nope`).
+/// Row `item` is token `item / heads`, at position `(pos_base + token) · pos_mult`.
+pub fn params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "w", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "inv_freq", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n" },
+        QParam::Scalar { name: "heads" },
+        QParam::Scalar { name: "n_rot" },
+        QParam::Scalar { name: "pos_base" },
+        QParam::Scalar { name: "pos_mult" },
+        QParam::Scalar { name: "eps" },
+        QParam::Scalar { name: "sign" },
+        QParam::Scalar { name: "weighted" },
+        QParam::Scalar { name: "fp8" },
+        QParam::Scalar { name: "n_nope" },
+    ]
+}
+
+/// Bytes of dynamic shared memory a launch over rows of `n` values needs.
+pub fn shared_bytes(n: usize) -> u32 {
+    (n * 4) as u32
+}
+
+/// The CUDA source (None for the targets that are not CUDA). Launch: grid [rows, 1, 1],
+/// the norm's threads, [`shared_bytes`].
+pub fn source(target: Target) -> Option<String> {
+    let sm = match target {
+        Target::CudaSm90 => 90,
+        Target::CudaSm120 => 120,
+        _ => return None,
+    };
+    let fp8 = ds4_ir::kernels::all().into_iter().find(|k| k.name == "fp8_roundtrip").expect("fp8_roundtrip is an op kernel");
+    let mut s = format!("// {NAME}: an RMS norm, RoPE and the FP8 round trip of a row in one launch (codegen/src/cuda_norm_rope.rs).\n\n");
+    s.push_str(crate::cuda::BLOCK_SUM);
+    s.push_str(&crate::render::render_helpers(&crate::cuda::Cuda { sm }, &fp8));
+    s.push_str(&format!(
+        r#"
+extern "C" __global__ void __launch_bounds__({MAX_THREADS}) {NAME}(float* __restrict__ ds4_out, const float* __restrict__ ds4_x, const float* __restrict__ ds4_w, const float* __restrict__ ds4_inv_freq, const unsigned long long n, const unsigned long long heads, const unsigned long long n_rot, const unsigned long long pos_base, const unsigned long long pos_mult, const unsigned long long eps, const unsigned long long sign, const unsigned long long weighted, const unsigned long long fp8, const unsigned long long n_nope) {{
+{wait}    extern __shared__ float ds4_row[];
+    const unsigned long long item = blockIdx.x;
+    const unsigned long long base = item * n;
+    // `rms_norm` / `rms_norm_plain`: the same partial sums and block sum.
+    float ss = 0.0f;
+    {{
+        float ss_part = 0.0f;
+        for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
+            const float v = ds4_x[base + i];
+            ss_part += v * v;
+        }}
+        ss += ds4_block_sum(ss_part);
+    }}
+    const float inv = 1.0f / sqrtf(ss / (float)n + __uint_as_float((unsigned int)eps));
+    for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
+        ds4_row[i] = weighted != 0ull ? ds4_x[base + i] * inv * ds4_w[i] : ds4_x[base + i] * inv;
+    }}
+    __syncthreads();
+    // `rope`: the last n_rot values in pairs.
+    const unsigned long long nope = n - n_rot;
+    const float pos = (float)((pos_base + item / heads) * pos_mult);
+    const float sg = __uint_as_float((unsigned int)sign);
+    for (unsigned long long p = threadIdx.x; p < n_rot / 2ull; p += blockDim.x) {{
+        const float ang = pos * ds4_inv_freq[p];
+        const float c = cosf(ang);
+        const float s = sinf(ang) * sg;
+        const float a = ds4_row[nope + 2ull * p];
+        const float b = ds4_row[nope + 2ull * p + 1ull];
+        ds4_row[nope + 2ull * p] = a * c - b * s;
+        ds4_row[nope + 2ull * p + 1ull] = b * c + a * s;
+    }}
+    __syncthreads();
+    // `fp8_roundtrip` of the first n_nope values (blocks of 64), or the row as it is.
+    const unsigned long long rounded = fp8 != 0ull ? n_nope / 64ull * 64ull : 0ull;
+    float* const out = ds4_out + base;
+    for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
+        const float v = ds4_row[i];
+        if (i < rounded) {{
+            const unsigned long long b0 = i / 64ull * 64ull;
+            float amax = 0.0001f;
+            for (unsigned long long j = 0; j < 64ull; j++) {{
+                amax = fmaxf(amax, fabsf(ds4_row[b0 + j]));
+            }}
+            const float scale = exp2f(ceilf(log2f(amax / 448.0f)));
+            const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
+            out[i] = e4m3_round(q) * scale;
+        }} else {{
+            out[i] = v;
+        }}
+    }}
+}}
+"#,
+        wait = crate::cuda::GRID_WAIT
+    ));
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_declares_every_parameter_in_order() {
+        for t in [Target::CudaSm90, Target::CudaSm120] {
+            crate::cuda::assert_declares_params(&source(t).unwrap(), NAME, &params());
+        }
+        assert!(source(Target::Cpu).is_none() && source(Target::Wgsl).is_none() && source(Target::Metal).is_none());
+    }
+
+    /// The round trip's helper comes from the op kernel's IR, rendered for CUDA.
+    #[test]
+    fn renders_the_fp8_kernels_helper() {
+        let s = source(Target::CudaSm90).unwrap();
+        assert!(s.contains("float e4m3_round(") && s.contains("e4m3_round(q) * scale"));
+    }
+}

@@ -1,0 +1,101 @@
+//! Where a row's RMS norm, RoPE and FP8 round trip run as one `norm_rope` launch
+//! (`ds4_codegen::cuda_norm_rope`): the graph's `RmsNorm | RmsNormPlain → (Reshape)* →
+//! Rope`, and the `(Reshape)* → Fp8RoundTrip` after the RoPE where there is one
+//! (`model/src/builder.rs`: the query heads, the KV row, the compressors' rows). Every value
+//! between the norm and the chain's last node is read only by the next node and is not a
+//! graph output, so only the last one is made.
+
+use ds4_ir::{Graph, NodeId, Op};
+
+/// A chain found at its norm node.
+pub struct NormRopeChain {
+    /// The norm's weight (`RmsNorm`), or none (`RmsNormPlain`).
+    pub weight: Option<NodeId>,
+    pub eps: f32,
+    /// The RoPE node (its op has the rotation's parameters).
+    pub rope: NodeId,
+    /// The round trip's `n_nope`, where the chain ends with one.
+    pub fp8: Option<usize>,
+    /// The nodes after the norm that the launch skips (never made), in order.
+    pub skipped: Vec<NodeId>,
+    /// The chain's last node: the launch makes its value.
+    pub last: NodeId,
+}
+
+/// The chain that starts at `norm`, if the graph has one there.
+pub fn chain_at(g: &Graph, norm: NodeId) -> Option<NormRopeChain> {
+    let (weight, eps) = match g.node(norm).op {
+        Op::RmsNorm { eps } => (Some(*g.inputs(norm).get(1)?), eps),
+        Op::RmsNormPlain { eps } => (None, eps),
+        _ => return None,
+    };
+    // The one reader of `id`, where `id` is no graph output.
+    let only = |id: NodeId| -> Option<NodeId> {
+        let readers = g.consumers(id);
+        (!g.is_output(id) && readers.len() == 1).then(|| readers[0])
+    };
+    let mut skipped = Vec::new();
+    let mut at = norm;
+    let rope = loop {
+        let next = only(at)?;
+        match g.node(next).op {
+            Op::Reshape { .. } => skipped.push(next),
+            Op::Rope { .. } => break next,
+            _ => return None,
+        }
+        at = next;
+    };
+    // Reshapes and a round trip after the RoPE join the chain only together.
+    let (mut after, mut at) = (Vec::new(), rope);
+    while let Some(next) = only(at) {
+        match g.node(next).op {
+            Op::Reshape { .. } => after.push(next),
+            Op::Fp8RoundTrip { n_nope } => {
+                skipped.push(rope);
+                skipped.extend(after);
+                return Some(NormRopeChain { weight, eps, rope, fp8: Some(n_nope), skipped, last: next });
+            }
+            _ => break,
+        }
+        at = next;
+    }
+    Some(NormRopeChain { weight, eps, rope, fp8: None, skipped, last: rope })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the tiny golden model: a chain at every layer's query-head norm (ending at the
+    /// RoPE) and KV norm (ending at the FP8 round trip, the model is DS4-shaped), and at
+    /// its compressors' norms; none at any other node. Every skipped node is a reshape or
+    /// the RoPE, read only by the chain.
+    #[test]
+    fn tiny_model_chains_at_the_query_and_kv_norms() {
+        let model = crate::cuda::tiny_q2();
+        let g = &model.graph;
+        let (mut q, mut kv) = (0, 0);
+        for id in g.order() {
+            let node = g.node(id);
+            let Some(c) = chain_at(g, id) else {
+                assert!(!node.label.ends_with(".q.norm") && !node.label.ends_with(".kv.norm"), "{}: no chain", node.label);
+                continue;
+            };
+            assert!(matches!(node.op, Op::RmsNorm { .. } | Op::RmsNormPlain { .. }), "{}", node.label);
+            assert!(matches!(g.node(c.rope).op, Op::Rope { inverse: false, .. }), "{}", node.label);
+            for &s in &c.skipped {
+                assert!(matches!(g.node(s).op, Op::Reshape { .. } | Op::Rope { .. }) && g.consumers(s).len() == 1, "{}: skips {}", node.label, g.node(s).label);
+            }
+            if node.label.ends_with(".q.norm") {
+                assert!(c.weight.is_none() && c.fp8.is_none() && c.last == c.rope && c.skipped.is_empty(), "{}", node.label);
+                q += 1;
+            } else if node.label.ends_with(".kv.norm") {
+                assert!(c.weight.is_some() && c.fp8.is_some() && matches!(g.node(c.last).op, Op::Fp8RoundTrip { .. }), "{}", node.label);
+                kv += 1;
+            } else {
+                assert!(node.label.contains("compressor"), "{}: a chain outside the attention's rows", node.label);
+            }
+        }
+        assert_eq!((q, kv), (model.hp.n_layer, model.hp.n_layer));
+    }
+}
