@@ -282,6 +282,15 @@ __device__ __forceinline__ void ds4_cp_wait() {
 /// its predecessor has, so the order holds along the whole chain.
 pub(crate) const GRID_WAIT: &str = "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
 
+/// The opening of a CUDA-text kernel with its own parameter list (`hc_pre`, `router_select`,
+/// the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`, `split_x_bf16x3`): entry
+/// point `name` under `__launch_bounds__(bounds)`, `params` as the quant kernels declare
+/// them (`quant::cuda::c_params`, so a list is written once, in its `params()`), then
+/// [`GRID_WAIT`].
+pub(crate) fn own_entry(name: &str, bounds: &str, params: &[crate::quant::QParam]) -> String {
+    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n{GRID_WAIT}", crate::quant::cuda::c_params(params))
+}
+
 /// The largest item output (bytes) a launch stages in shared memory.
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
 

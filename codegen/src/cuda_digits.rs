@@ -146,8 +146,7 @@ pub fn x_digits_source() -> String {
     format!(
         r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
 
-extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned char* __restrict__ ds4_xd, float* __restrict__ ds4_xs, float* __restrict__ ds4_xsum, const float* __restrict__ ds4_x, const unsigned long long k) {{
-{wait}    const unsigned int lane = threadIdx.x & 31u;
+{entry}    const unsigned int lane = threadIdx.x & 31u;
     const unsigned long long b = (unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5);
     if (b * {X_BLOCK}ull >= k) return;
     const float v = ds4_x[b * {X_BLOCK}ull + lane];
@@ -173,7 +172,7 @@ extern "C" __global__ void __launch_bounds__({X_THREADS}) {X_DIGITS}(unsigned ch
     if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
     )
 }
 
@@ -233,8 +232,7 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
     return (b * 0x00204081u) & 0x01010101u;
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* __restrict__ ds4_out_g, float* __restrict__ ds4_out_u, const unsigned char* __restrict__ ds4_wg, const unsigned char* __restrict__ ds4_wu, const unsigned char* __restrict__ ds4_xd, const float* __restrict__ ds4_xs, const int* __restrict__ ds4_sel, const unsigned long long n, const unsigned long long k, const unsigned long long row_bytes, const unsigned long long picks) {{
-{wait}    __shared__ unsigned long long grid[256];
+{entry}    __shared__ unsigned long long grid[256];
     for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) grid[i] = DS4_GRID[i];
     __syncthreads();
     const unsigned int lane = threadIdx.x & 31u;
@@ -295,7 +293,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {MATVEC_IQ2_XXS}(float* 
     }}
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &THREADS.to_string(), &matvec_params())
     );
     s
 }
@@ -308,8 +306,7 @@ pub fn down_source() -> String {
     let _ = write!(
         s,
         r#"
-extern "C" __global__ void __launch_bounds__({DOWN_MAX_THREADS}) {MATVEC_Q2_K}(float* __restrict__ ds4_out, const unsigned char* __restrict__ ds4_w, const unsigned char* __restrict__ ds4_xd, const float* __restrict__ ds4_xs, const float* __restrict__ ds4_xsum, const int* __restrict__ ds4_sel, const float* __restrict__ ds4_wts, const unsigned long long n, const unsigned long long k, const unsigned long long row_bytes, const unsigned long long picks) {{
-{wait}    __shared__ float parts[{MAX_PICKS}][4];
+{entry}    __shared__ float parts[{MAX_PICKS}][4];
     const unsigned int lane = threadIdx.x & 31u;
     // Warp p: pick p of the block's four rows.
     const unsigned long long p = threadIdx.x >> 5;
@@ -378,7 +375,7 @@ extern "C" __global__ void __launch_bounds__({DOWN_MAX_THREADS}) {MATVEC_Q2_K}(f
     }}
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(MATVEC_Q2_K, &DOWN_MAX_THREADS.to_string(), &down_params())
     );
     s
 }

@@ -72,8 +72,7 @@ __device__ __forceinline__ float ds4_dot8(const uint4 q, const float4 a, const f
     return s;
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_out, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_x, const unsigned long long n, const unsigned long long k, const unsigned long long ng) {{
-{wait}    const unsigned int lane = threadIdx.x & 31u;
+{entry}    const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
     const unsigned long long r0 = (unsigned long long)blockIdx.x * {ROWS}ull;
     const unsigned int vecs = (unsigned int)(k / {VEC}ull);
@@ -113,7 +112,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     }}
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(NAME, &THREADS.to_string(), &params())
     ));
     s
 }

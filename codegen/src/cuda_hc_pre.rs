@@ -91,8 +91,7 @@ __device__ float ds4_sum_past_warp0(float v) {{
     return s;
 }}
 
-extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict__ ds4_mix, float* __restrict__ ds4_y, float* __restrict__ ds4_a, float* __restrict__ ds4_proj, int* __restrict__ ds4_counters, const float* __restrict__ ds4_x, const unsigned char* __restrict__ ds4_w, const float* __restrict__ ds4_scale, const float* __restrict__ ds4_base, const float* __restrict__ ds4_norm_w, const unsigned long long nh, const unsigned long long d, const unsigned long long iters, const unsigned long long eps_norm, const unsigned long long eps_mix, const unsigned long long has_norm, const unsigned long long eps_a) {{
-{wait}    const unsigned int item = blockIdx.y;
+{entry}    const unsigned int item = blockIdx.y;
     const unsigned int row = blockIdx.x;
     const unsigned int h = (unsigned int)nh;
     const unsigned int mw = 2 * h + h * h;
@@ -173,7 +172,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(float* __restrict
     }}
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(NAME, &THREADS.to_string(), &params())
     ));
     s
 }

@@ -65,8 +65,7 @@ pub fn source(target: Target) -> Option<String> {
     s.push_str(&crate::render::render_helpers(&crate::cuda::Cuda { sm }, &fp8));
     s.push_str(&format!(
         r#"
-extern "C" __global__ void __launch_bounds__({MAX_THREADS}) {NAME}(float* __restrict__ ds4_out, const float* __restrict__ ds4_x, const float* __restrict__ ds4_w, const float* __restrict__ ds4_inv_freq, const unsigned long long n, const unsigned long long heads, const unsigned long long n_rot, const unsigned long long pos_base, const unsigned long long pos_mult, const unsigned long long eps, const unsigned long long sign, const unsigned long long weighted, const unsigned long long fp8, const unsigned long long n_nope) {{
-{wait}    extern __shared__ float ds4_row[];
+{entry}    extern __shared__ float ds4_row[];
     const unsigned long long item = blockIdx.x;
     const unsigned long long base = item * n;
     // `rms_norm` / `rms_norm_plain`: the same partial sums and block sum.
@@ -118,7 +117,7 @@ extern "C" __global__ void __launch_bounds__({MAX_THREADS}) {NAME}(float* __rest
     }}
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(NAME, &MAX_THREADS.to_string(), &params())
     ));
     Some(s)
 }

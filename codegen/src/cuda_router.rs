@@ -63,8 +63,7 @@ pub fn source() -> String {
     s.push_str(cuda_top_k::HELPERS);
     s.push_str(&format!(
         r#"
-extern "C" __global__ void __launch_bounds__({max_threads}) {NAME}(int* __restrict__ ds4_sel, float* __restrict__ ds4_wts, const float* __restrict__ ds4_logits, const float* __restrict__ ds4_bias, const unsigned long long n, const unsigned long long k, const unsigned long long scale, const unsigned long long normalize) {{
-{wait}    extern __shared__ unsigned long long ds4_keys[];
+{entry}    extern __shared__ unsigned long long ds4_keys[];
     __shared__ unsigned int ds4_chosen;
     const unsigned long long item = blockIdx.x;
     const unsigned int nn = (unsigned int)n;
@@ -117,8 +116,7 @@ extern "C" __global__ void __launch_bounds__({max_threads}) {NAME}(int* __restri
     }}
 }}
 "#,
-        max_threads = cuda_top_k::MAX_THREADS,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params())
     ));
     s
 }

@@ -96,21 +96,6 @@ impl QuantSyntax for CudaQuant {
     }
 
     fn kernel_open(&self, name: &str, params: &[QParam], shared: u32, min_blocks: Option<u32>) -> String {
-        let ps: Vec<String> = params
-            .iter()
-            .map(|p| match p {
-                QParam::Buffer { name, elem, mutable } => {
-                    let t = match elem {
-                        BufElem::Bytes => "unsigned char",
-                        BufElem::F32 => "float",
-                        BufElem::I32 => "int",
-                    };
-                    let c = if *mutable { "" } else { "const " };
-                    format!("{c}{t}* __restrict__ {}", self.buffer(name))
-                }
-                QParam::Scalar { name } => format!("const unsigned long long {name}"),
-            })
-            .collect();
         let bounds = match min_blocks {
             Some(m) => format!("{}, {m}", super::THREADS),
             None => super::THREADS.to_string(),
@@ -120,7 +105,7 @@ impl QuantSyntax for CudaQuant {
              const unsigned long long ds4_tid = threadIdx.x;\n    \
              const unsigned long long ds4_bx = blockIdx.x;\n    \
              const unsigned long long ds4_by = blockIdx.y;\n",
-            ps.join(", "),
+            c_params(params),
             crate::cuda::GRID_WAIT
         );
         if shared > 0 {
@@ -209,6 +194,28 @@ impl QuantSyntax for CudaQuant {
     fn block_sum_helper(&self) -> &'static str {
         crate::cuda::BLOCK_SUM
     }
+}
+
+/// A kernel's parameter list in CUDA C: buffers as restricted pointers named `ds4_<name>`
+/// (const where read only), scalars as 64-bit words. The quant kernels' and every CUDA-text
+/// kernel with its own parameters (`crate::cuda::own_entry`).
+pub(crate) fn c_params(params: &[QParam]) -> String {
+    let ps: Vec<String> = params
+        .iter()
+        .map(|p| match p {
+            QParam::Buffer { name, elem, mutable } => {
+                let t = match elem {
+                    BufElem::Bytes => "unsigned char",
+                    BufElem::F32 => "float",
+                    BufElem::I32 => "int",
+                };
+                let c = if *mutable { "" } else { "const " };
+                format!("{c}{t}* __restrict__ ds4_{name}")
+            }
+            QParam::Scalar { name } => format!("const unsigned long long {name}"),
+        })
+        .collect();
+    ps.join(", ")
 }
 
 /// Also `cuda_hc_pre`'s (its F16 projection feeds a dot product).

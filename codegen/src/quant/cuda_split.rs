@@ -62,8 +62,7 @@ pub fn source() -> String {
     let mut s = format!("// {NAME}: x split into {PARTS} bf16 parts, and its sums per 16 floats (codegen/src/quant/cuda_split.rs).\n\n");
     s.push_str(HELPERS);
     s.push_str(&format!(
-        r#"extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(unsigned char* __restrict__ ds4_planes, float* __restrict__ ds4_sums, const float* __restrict__ ds4_x, const unsigned long long n) {{
-{wait}    const unsigned long long g = (unsigned long long)blockIdx.x * {THREADS}ull + threadIdx.x;
+        r#"{entry}    const unsigned long long g = (unsigned long long)blockIdx.x * {THREADS}ull + threadIdx.x;
     if (g * 16ull >= n) return;
     // Plain loads: x may be a view at any float (a warp's loads still coalesce).
     const float* const xv = ds4_x + g * 16ull;
@@ -85,7 +84,7 @@ pub fn source() -> String {
     ds4_sums[g] = sum;
 }}
 "#,
-        wait = crate::cuda::GRID_WAIT
+        entry = crate::cuda::own_entry(NAME, &THREADS.to_string(), &params())
     ));
     s
 }
