@@ -64,6 +64,13 @@ fn settle(vals: &mut HashMap<usize, GVal>, id: ds4_ir::NodeId, value: GVal, ins:
     }
 }
 
+/// A fused launch's values: those of the later nodes it made, kept for their turn; the
+/// node that ran it has none of its own.
+fn fused(made: &mut HashMap<usize, GVal>, ahead: Vec<(usize, GVal)>) -> GVal {
+    made.extend(ahead);
+    GVal::Freed
+}
+
 /// The weight a MatMul node reads (its input 1).
 fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
     match &g.node(g.inputs(id)[1]).op {
@@ -602,8 +609,8 @@ impl GpuExecutor<'_> {
         let order = g.order();
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, GVal> = HashMap::new();
-        // Values made ahead of their node by a fused launch (`hc_pre`, a mat-vec group),
-        // by node.
+        // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
+        // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
@@ -794,27 +801,19 @@ impl GpuExecutor<'_> {
                 Op::RmsNorm { eps } => {
                     let n = last(0);
                     match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
-                        Some(ahead) => {
-                            made.extend(ahead);
-                            GVal::Freed
-                        }
+                        Some(ahead) => fused(&mut made, ahead),
                         None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
                     }
                 }
                 Op::RmsNormPlain { eps } => {
                     let n = last(0);
-                    match self.hc_pre(id, fs(0)?, rows(0), n, *eps)? {
-                        Some(ahead) => {
-                            made.extend(ahead);
-                            GVal::Freed
-                        }
-                        None => match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
-                            Some(ahead) => {
-                                made.extend(ahead);
-                                GVal::Freed
-                            }
-                            None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
-                        },
+                    let ahead = match self.hc_pre(id, fs(0)?, rows(0), n, *eps)? {
+                        Some(ahead) => Some(ahead),
+                        None => self.norm_rope(id, fs(0)?, n_out, n, bind)?,
+                    };
+                    match ahead {
+                        Some(ahead) => fused(&mut made, ahead),
+                        None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
                     }
                 }
                 Op::Add => {
@@ -856,10 +855,7 @@ impl GpuExecutor<'_> {
                 Op::RouterScores => {
                     let n = last(0);
                     match self.router_select(id, fs(0)?, rows(0), n)? {
-                        Some(ahead) => {
-                            made.extend(ahead);
-                            GVal::Freed
-                        }
+                        Some(ahead) => fused(&mut made, ahead),
                         None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
                     }
                 }
