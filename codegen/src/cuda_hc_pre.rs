@@ -9,21 +9,26 @@
 //! in 24 blocks, mix 8.7, collapse 3.3, weighted norm 3.9-5.0), 86 times a step.
 //!
 //! Here block r of token t (1024 threads) reads the token's streams once, four floats a
-//! load, for both the norm's Σ x² and projection row r's Σ w·x, and stores Σ w·x / rms
-//! (the normed streams' projection, scaled once instead of per element); the last of
-//! the token's blocks to finish (a ticket from `counters`, which it resets) runs the mix
-//! in one warp (`cuda_hc_mix`'s lanes, the same floats as `hc_mix` given the
-//! projections): its pre and post weights first, then its Sinkhorn matrix, which only
-//! `hc_expand` reads after the sublayer, while the other 31 warps make the collapse
-//! (`hc_collapse`'s order, from the pre weights alone) and, where the graph norms the
-//! collapse (`has_norm`), that norm (`rms_norm`'s arithmetic, its sum in another order).
-//! (The Sinkhorn is ~7 µs of the kernel's ~15 on the H200, the collapse and norm ~2.4;
-//! the Sinkhorn as a launch beside the sublayer's, a side branch of the step's graph,
-//! measured no faster: RESULTS.md, ninth stop.) The
-//! projections differ from the four kernels' in the last bits (other orders of the
-//! sums, one scaling); `cuda_kernels` holds them to 2e-5. The runtime uses it for the
-//! decode's few tokens (`MAX_TOKENS`), F16 projections and nh ≤ `cuda_hc_mix::MAX_NH`;
-//! prefills keep the four kernels (their projection is a tensor-core matmul).
+//! load, for both the norm's Σ x² and projection row r's Σ w·x, scaled once by 1 / rms
+//! (the normed streams' projection). Then the mix's three parts go separate ways, each
+//! on its own SM, so that the collapse never waits for the Sinkhorn:
+//! - blocks r < 2·nh write their own pre or post weight (`cuda_hc_mix`'s formulas, the
+//!   same floats as `hc_mix` given the projection); the last pre block to finish (a
+//!   ticket from `counters`, which it resets) makes the collapse (`hc_collapse`'s order)
+//!   and, where the graph norms the collapse (`has_norm`), that norm (`rms_norm`'s
+//!   arithmetic, its sum in another order), with all its threads;
+//! - blocks r ≥ 2·nh store their projection; the last of them (a second ticket) runs the
+//!   Sinkhorn in one warp (`cuda_hc_mix`'s lanes), which only `hc_expand` reads, after
+//!   the sublayer.
+//! H200, standalone (back-to-back launches, ~3.5 µs each when empty): 13.3 µs with the
+//! Sinkhorn beside the collapse in one block (its idle lanes on -inf, the division's slow
+//! path), 10.0 with finite idle lanes, 8.3 split as above. (The Sinkhorn as a launch beside
+//! the sublayer's, a side branch of the step's graph, measured no faster: RESULTS.md,
+//! ninth stop.) The projections differ from the four kernels' in the last bits (other
+//! orders of the sums, one scaling); `cuda_kernels` holds them to 2e-5. The runtime uses
+//! it for the decode's few tokens (`MAX_TOKENS`), F16 projections and
+//! nh ≤ `cuda_hc_mix::MAX_NH`; prefills keep the four kernels (their projection is a
+//! tensor-core matmul).
 
 use crate::cuda_hc_mix;
 use crate::quant::{BufElem, QParam};
@@ -32,11 +37,13 @@ use crate::quant::{BufElem, QParam};
 pub const NAME: &str = "hc_pre";
 /// Threads per block.
 pub const THREADS: u32 = 1024;
-/// The most tokens a launch takes (one ticket counter each).
+/// The most tokens a launch takes.
 pub const MAX_TOKENS: usize = 8;
+/// Ticket counters the launch needs (zeros, left zero): two a token.
+pub const COUNTERS: usize = 2 * MAX_TOKENS;
 
-/// Parameters in launch order. `eps_norm`, `eps_mix` and `eps_a` are f32 bit patterns;
-/// `a` and `norm_w` are read and written only when `has_norm` is 1.
+/// Parameters in launch order; `a` and `norm_w` are read and written only when
+/// `has_norm` is 1.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
@@ -52,10 +59,10 @@ pub fn params() -> Vec<QParam> {
         QParam::Scalar { name: "nh" },
         QParam::Scalar { name: "d" },
         QParam::Scalar { name: "iters" },
-        QParam::Scalar { name: "eps_norm" },
-        QParam::Scalar { name: "eps_mix" },
+        QParam::Float { name: "eps_norm" },
+        QParam::Float { name: "eps_mix" },
         QParam::Scalar { name: "has_norm" },
-        QParam::Scalar { name: "eps_a" },
+        QParam::Float { name: "eps_a" },
     ]
 }
 
@@ -80,17 +87,6 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
-// Σ of v over the block's threads past warp 0 (warp 0 is elsewhere: named barrier 1).
-__device__ float ds4_sum_past_warp0(float v) {{
-    __shared__ float ds4_red0[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31u) == 0u) ds4_red0[threadIdx.x >> 5] = v;
-    asm volatile("bar.sync 1, %0;" :: "r"(blockDim.x - 32u) : "memory");
-    float s = 0.0f;
-    for (unsigned w = 1; w < (blockDim.x + 31u) >> 5; w++) s += ds4_red0[w];
-    return s;
-}}
-
 {entry}    const unsigned int item = blockIdx.y;
     const unsigned int row = blockIdx.x;
     const unsigned int h = (unsigned int)nh;
@@ -110,43 +106,49 @@ __device__ float ds4_sum_past_warp0(float v) {{
     }}
     const float ss = ds4_block_sum(ss_part);
     const float dot = ds4_block_sum(dot_part);
-    // The token's last block to finish goes on: its ticket is mw - 1.
+    // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
+    const float p = dot * (1.0f / sqrtf(ss / (float)(4 * n4) + eps_norm));
+    float* const mix = ds4_mix + item * mw;
     __shared__ bool last;
-    if (threadIdx.x == 0) {{
-        // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
-        const float inv = 1.0f / sqrtf(ss / (float)(4 * n4) + __uint_as_float((unsigned int)eps_norm));
-        ds4_proj[item * mw + row] = dot * inv;
+    if (row >= 2 * h) {{
+        // A combination entry: the last of the nh² blocks (ticket nh² - 1) runs the
+        // Sinkhorn in warp 0, on the projections from L2.
+        if (threadIdx.x == 0) {{
+            ds4_proj[item * mw + row] = p;
+            __threadfence();
+            last = atomicAdd(&ds4_counters[2 * item + 1], 1) == (int)(h * h) - 1;
+        }}
+        __syncthreads();
+        if (!last || threadIdx.x >= 32) return;
         __threadfence();
-        last = atomicAdd(&ds4_counters[item], 1) == (int)mw - 1;
+        __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
+        if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = __ldcg(ds4_proj + item * mw + 2 * h + threadIdx.x);
+        if (threadIdx.x == 0) ds4_counters[2 * item + 1] = 0;
+        __syncwarp();
+        ds4_hc_comb_lane(mix, m, ds4_scale, ds4_base, h, iters, eps_mix, threadIdx.x);
+        return;
+    }}
+    // A pre or post weight, this block's own entry of the mix; the last of the nh pre
+    // blocks (ticket nh - 1) goes on to the collapse.
+    if (threadIdx.x == 0) mix[row] = ds4_hc_pre_post_entry(p, ds4_scale, ds4_base, h, eps_mix, row);
+    if (row >= h) return;
+    if (threadIdx.x == 0) {{
+        __threadfence();
+        last = atomicAdd(&ds4_counters[2 * item], 1) == (int)h - 1;
     }}
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // The projections from L2 (other blocks wrote them), then the mix by warp 0.
-    __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
-    if (threadIdx.x < mw) m[threadIdx.x] = __ldcg(ds4_proj + item * mw + threadIdx.x);
-    if (threadIdx.x == 0) ds4_counters[item] = 0;
-    __syncthreads();
-    float* const mix = ds4_mix + item * mw;
-    if (threadIdx.x < 32) ds4_hc_pre_post_lane(mix, m, ds4_scale, ds4_base, h, __uint_as_float((unsigned int)eps_mix), threadIdx.x);
-    __syncthreads();
-    // Warp 0 runs the Sinkhorn (read only by `hc_expand`, after the sublayer) while the
-    // other warps collapse the streams and norm the collapse, which need the pre weights
-    // alone.
-    if (threadIdx.x < 32) {{
-        ds4_hc_comb_lane(mix, m, ds4_scale, ds4_base, h, iters, __uint_as_float((unsigned int)eps_mix), threadIdx.x);
-        return;
-    }}
-    const unsigned int t = threadIdx.x - 32, nt = blockDim.x - 32;
-    // The collapse (`hc_collapse`): the streams weighted by the mix's first nh entries,
-    // added left to right, four outputs a thread at a time.
+    if (threadIdx.x == 0) ds4_counters[2 * item] = 0;
+    // The collapse (`hc_collapse`): the streams weighted by the pre weights (from L2:
+    // other blocks wrote them), added left to right, four outputs a thread at a time.
     float pre[DS4_MAX_NH];
     #pragma unroll
-    for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? mix[i] : 0.0f;
+    for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? __ldcg(mix + i) : 0.0f;
     const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     float yy_part = 0.0f;
-    for (unsigned int c = t; c < d4; c += nt) {{
+    for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
         for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
@@ -161,11 +163,11 @@ __device__ float ds4_sum_past_warp0(float v) {{
     if (has_norm == 0) return;
     // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
     // the outputs it wrote.
-    const float yy = ds4_sum_past_warp0(yy_part);
-    const float inv_a = 1.0f / sqrtf(yy / (float)d + __uint_as_float((unsigned int)eps_a));
+    const float yy = ds4_block_sum(yy_part);
+    const float inv_a = 1.0f / sqrtf(yy / (float)d + eps_a);
     const float4* const nw = (const float4*)ds4_norm_w;
     float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
-    for (unsigned int c = t; c < d4; c += nt) {{
+    for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         const float4 v = y[c];
         const float4 g = nw[c];
         a[c] = make_float4(v.x * inv_a * g.x, v.y * inv_a * g.y, v.z * inv_a * g.z, v.w * inv_a * g.w);

@@ -24,8 +24,8 @@ pub const MAX_THREADS: u32 = 1024;
 /// The longest row (its floats are staged in dynamic shared memory).
 pub const MAX_N: usize = crate::cuda::STAGE_OUT_LIMIT / 4;
 
-/// Parameters in launch order. `eps` and `sign` are f32 bit patterns; `w` is read only when
-/// `weighted` is 1, the round trip made only when `fp8` is 1 (over the first `n_nope`).
+/// Parameters in launch order. `w` is read only when `weighted` is 1, the round trip made
+/// only when `fp8` is 1 (over the first `n_nope`).
 /// Row `item` is token `item / heads`, at position `(pos_base + token) · pos_mult`.
 pub fn params() -> Vec<QParam> {
     vec![
@@ -38,8 +38,8 @@ pub fn params() -> Vec<QParam> {
         QParam::Scalar { name: "n_rot" },
         QParam::Scalar { name: "pos_base" },
         QParam::Scalar { name: "pos_mult" },
-        QParam::Scalar { name: "eps" },
-        QParam::Scalar { name: "sign" },
+        QParam::Float { name: "eps" },
+        QParam::Float { name: "sign" },
         QParam::Scalar { name: "weighted" },
         QParam::Scalar { name: "fp8" },
         QParam::Scalar { name: "n_nope" },
@@ -78,7 +78,7 @@ pub fn source(target: Target) -> Option<String> {
         }}
         ss += ds4_block_sum(ss_part);
     }}
-    const float inv = 1.0f / sqrtf(ss / (float)n + __uint_as_float((unsigned int)eps));
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
         ds4_row[i] = weighted != 0ull ? ds4_x[base + i] * inv * ds4_w[i] : ds4_x[base + i] * inv;
     }}
@@ -86,7 +86,7 @@ pub fn source(target: Target) -> Option<String> {
     // `rope`: the last n_rot values in pairs.
     const unsigned long long nope = n - n_rot;
     const float pos = (float)((pos_base + item / heads) * pos_mult);
-    const float sg = __uint_as_float((unsigned int)sign);
+    const float sg = sign;
     for (unsigned long long p = threadIdx.x; p < n_rot / 2ull; p += blockDim.x) {{
         const float ang = pos * ds4_inv_freq[p];
         const float c = cosf(ang);

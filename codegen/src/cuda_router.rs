@@ -25,7 +25,7 @@ pub const MAX_K: usize = 32;
 /// where the launch count matters less and it has not been measured).
 pub const MAX_TOKENS: usize = 8;
 
-/// Parameters in launch order. `scale` is an f32 bit pattern; `normalize` 0 or 1.
+/// Parameters in launch order. `normalize` is 0 or 1.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: true },
@@ -34,7 +34,7 @@ pub fn params() -> Vec<QParam> {
         QParam::Buffer { name: "bias", elem: BufElem::F32, mutable: false },
         QParam::Scalar { name: "n" },
         QParam::Scalar { name: "k" },
-        QParam::Scalar { name: "scale" },
+        QParam::Float { name: "scale" },
         QParam::Scalar { name: "normalize" },
     ]
 }
@@ -109,7 +109,7 @@ pub fn source() -> String {
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
         }}
         if (on) {{
-            const float sc = __uint_as_float((unsigned int)scale);
+            const float sc = scale;
             ds4_sel[item * k + j] = pick;
             ds4_wts[item * k + j] = normalize != 0ull ? sc * s / (sum + 1e-20f) : sc * s;
         }}

@@ -333,6 +333,7 @@ fn qparams_json(params: &[QParam]) -> String {
                 format!("{name}: {}{e}[]", if *mutable { "mut " } else { "" })
             }
             QParam::Scalar { name } => format!("{name}: usize"),
+            QParam::Float { name } => format!("{name}: f32"),
         })
         .collect();
     json_list(params.iter().map(|s| s.as_str()))

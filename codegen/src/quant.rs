@@ -66,16 +66,18 @@ pub enum BufElem {
 
 /// One parameter of a quant kernel, in launch order: buffers first (the output is the
 /// first), then scalars (all [`Word::Idx`]: `u64` on CUDA, `u32` in WGSL/Metal params).
+/// `Float` is an f32 by value, for the CUDA-text kernels' epsilons and scales.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QParam {
     Buffer { name: &'static str, elem: BufElem, mutable: bool },
     Scalar { name: &'static str },
+    Float { name: &'static str },
 }
 
 impl QParam {
     pub fn name(&self) -> &'static str {
         match self {
-            QParam::Buffer { name, .. } | QParam::Scalar { name } => name,
+            QParam::Buffer { name, .. } | QParam::Scalar { name } | QParam::Float { name } => name,
         }
     }
 }

@@ -634,7 +634,7 @@ fn norm_rope_matches_the_chain_it_fuses() {
         let out = dev.alloc(rows * n * 4).unwrap();
         let args = [
             Arg::Ptr(out.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(fb.ptr), u(n), u(heads), u(n_rot), u(pos_base), u(pos_mult),
-            Arg::U64(eps.to_bits() as u64), Arg::U64(sign.to_bits() as u64), u(weighted as usize), u(fp8 as usize), u(n_nope),
+            Arg::F32(eps), Arg::F32(sign), u(weighted as usize), u(fp8 as usize), u(n_nope),
         ];
         launch(&dev, &fused.func, (rows as u32, 1, 1), (threads, 1, 1), cuda_norm_rope::shared_bytes(n), &args).unwrap();
         let got: Vec<f32> = out.read(rows * n).unwrap();
@@ -754,7 +754,7 @@ fn router_select_matches_the_chain_it_fuses() {
         let (lb, bb) = (dev.upload(&logits).unwrap(), dev.upload(&bias).unwrap());
         // The fused launch.
         let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
-        let args = [Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::U64(scale.to_bits() as u64), u(normalize as usize)];
+        let args = [Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
         launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
         // The four kernels.
         let (sc, bi, tk, wt) = (dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
@@ -845,7 +845,7 @@ fn hc_pre_matches_the_chain_it_fuses() {
     let ks = everything(&dev);
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
-    let counters = dev.upload(&[0i32; cuda_hc_pre::MAX_TOKENS]).unwrap();
+    let counters = dev.upload(&[0i32; cuda_hc_pre::COUNTERS]).unwrap();
     for case in 0..6 {
         let nh = if case == 5 { 5 } else { 4 };
         let (d, tokens, iters) = (4 * r.range(16, 1025), r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
@@ -885,7 +885,7 @@ fn hc_pre_matches_the_chain_it_fuses() {
             let (mix, y, a, proj) = (dev.alloc(tokens * mw * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
             let args = [
                 Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(a.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), Arg::Ptr(gb.ptr),
-                u(nh), u(d), u(iters), Arg::U64(eps_norm.to_bits() as u64), Arg::U64(eps_mix.to_bits() as u64), u(has_norm as usize), Arg::U64(eps_a.to_bits() as u64),
+                u(nh), u(d), u(iters), Arg::F32(eps_norm), Arg::F32(eps_mix), u(has_norm as usize), Arg::F32(eps_a),
             ];
             launch(&dev, &k.func, (mw as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
             runs.push((mix.read::<f32>(tokens * mw).unwrap(), y.read::<f32>(tokens * d).unwrap(), a.read::<f32>(tokens * d).unwrap()));

@@ -213,6 +213,7 @@ pub(crate) fn c_params(params: &[QParam]) -> String {
                 format!("{c}{t}* __restrict__ ds4_{name}")
             }
             QParam::Scalar { name } => format!("const unsigned long long {name}"),
+            QParam::Float { name } => format!("const float {name}"),
         })
         .collect();
     ps.join(", ")

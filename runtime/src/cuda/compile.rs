@@ -104,6 +104,7 @@ fn quant_params(params: &[QParam]) -> Vec<(String, ParamSig)> {
         .map(|p| match p {
             QParam::Buffer { name, .. } => (name.to_string(), ParamSig::Ptr),
             QParam::Scalar { name } => (name.to_string(), ParamSig::U64),
+            QParam::Float { name } => (name.to_string(), ParamSig::F32),
         })
         .collect()
 }

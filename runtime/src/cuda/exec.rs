@@ -238,10 +238,10 @@ impl GpuExecutor<'_> {
             ("nh", u(c.nh)),
             ("d", u(d)),
             ("iters", u(c.iters)),
-            ("eps_norm", Arg::U64(eps.to_bits() as u64)),
-            ("eps_mix", Arg::U64(c.eps_mix.to_bits() as u64)),
+            ("eps_norm", Arg::F32(eps)),
+            ("eps_mix", Arg::F32(c.eps_mix)),
             ("has_norm", u(norm.is_some() as usize)),
-            ("eps_a", Arg::U64(norm.as_ref().map_or(0, |n| n.2.to_bits()) as u64)),
+            ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
         ];
         self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
@@ -318,8 +318,8 @@ impl GpuExecutor<'_> {
             ("n_rot", u(n_rot)),
             ("pos_base", u(r.base)),
             ("pos_mult", u(r.mult)),
-            ("eps", Arg::U64(c.eps.to_bits() as u64)),
-            ("sign", Arg::U64((r.sign as f32).to_bits() as u64)),
+            ("eps", Arg::F32(c.eps)),
+            ("sign", Arg::F32(r.sign)),
             ("weighted", u(w.is_some() as usize)),
             ("fp8", u(c.fp8.is_some() as usize)),
             ("n_nope", u(c.fp8.unwrap_or(0))),
@@ -432,7 +432,7 @@ impl GpuExecutor<'_> {
             ("bias", Arg::Ptr(self.weights.vector(&c.bias)?.ptr)),
             ("n", u(n)),
             ("k", u(c.k)),
-            ("scale", Arg::U64(c.scale.to_bits() as u64)),
+            ("scale", Arg::F32(c.scale)),
             ("normalize", u(c.normalize as usize)),
         ];
         self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;

@@ -57,7 +57,7 @@ impl<'m> CudaBackend<'m> {
         let kernels = Kernels::compile(&dev, &set)?;
         let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
-        let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::MAX_TOKENS])?;
+        let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
         Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, hc_counters, freqs: Default::default() }))
     }
 
