@@ -102,7 +102,9 @@ pub fn matvec_params() -> Vec<QParam> {
 }
 
 /// The down mat-vec's parameters: `out` (n floats) = Σ over picks p of `wts[p]` × the
-/// picked expert of `w` (rows of `row_bytes`, n rows an expert) against x row p's digits.
+/// picked expert of `w` (rows of `row_bytes`, n rows an expert) against x row p's digits,
+/// plus `addend` where `has_addend` is 1 (the graph's `Add` of the shared expert's output,
+/// one f32 addition after the sum, as that op makes it).
 pub fn down_params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
@@ -112,10 +114,12 @@ pub fn down_params() -> Vec<QParam> {
         QParam::Buffer { name: "xsum", elem: BufElem::F32, mutable: false },
         QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: false },
         QParam::Buffer { name: "wts", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "addend", elem: BufElem::F32, mutable: false },
         QParam::Scalar { name: "n" },
         QParam::Scalar { name: "k" },
         QParam::Scalar { name: "row_bytes" },
         QParam::Scalar { name: "picks" },
+        QParam::Scalar { name: "has_addend" },
     ]
 }
 
@@ -371,7 +375,7 @@ pub fn down_source() -> String {
         for (unsigned long long q = 0; q < picks; q++) {{
             if (ds4_sel[q] >= 0) acc = acc + ds4_wts[q] * parts[q][threadIdx.x];
         }}
-        ds4_out[row0 + threadIdx.x] = acc;
+        ds4_out[row0 + threadIdx.x] = has_addend != 0ull ? acc + ds4_addend[row0 + threadIdx.x] : acc;
     }}
 }}
 "#,

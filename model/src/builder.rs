@@ -216,6 +216,16 @@ impl Builder<'_> {
         let mix = self.hc_mix(&format!("{p}.hc_ffn"), r)?;
         let x = self.add(&format!("{p}.ffn.in"), Op::HcCollapse { nh: hp.hc }, &[r, mix])?;
         let a = self.norm(&format!("{p}.ffn.norm"), x, &format!("{p}.ffn_norm.weight"), d)?;
+        let clamp = hp.swiglu_clamp[l];
+        // Shared expert: its width comes from the file (DS4-Flash: the expert width). Built
+        // before the routed experts, so that executors have its output when the routed
+        // down projection runs (the CUDA decode adds it there: `fusion_plan.rs`).
+        let (_, sh_ne) = self.tt.lookup(&format!("{p}.ffn_gate_shexp.weight")).ok_or_else(|| BuildError::Missing(format!("{p}.ffn_gate_shexp.weight")))?;
+        let sff = sh_ne.get(1).copied().unwrap_or(0) as usize;
+        let sg = self.matmul(&format!("{p}.shexp.gate"), a, &format!("{p}.ffn_gate_shexp.weight"), d, sff)?;
+        let su = self.matmul(&format!("{p}.shexp.up"), a, &format!("{p}.ffn_up_shexp.weight"), d, sff)?;
+        let sh = self.add(&format!("{p}.shexp.act"), Op::SwiGlu { clamp }, &[sg, su])?;
+        let sy = self.matmul(&format!("{p}.shexp.down"), sh, &format!("{p}.ffn_down_shexp.weight"), sff, d)?;
         let logits = self.matmul(&format!("{p}.router"), a, &format!("{p}.ffn_gate_inp.weight"), d, e)?;
         let s = self.add(&format!("{p}.router.scores"), Op::RouterScores, &[logits])?;
         let sel = if hp.is_hash_layer(l) {
@@ -231,18 +241,10 @@ impl Builder<'_> {
             Op::RouterWeights { scale: hp.expert_weights_scale, normalize: hp.expert_weights_norm },
             &[s, sel],
         )?;
-        let clamp = hp.swiglu_clamp[l];
         let gate = self.weight(&format!("{p}.ffn_gate_exps.weight"), &[d, ff, e], false)?;
         let up = self.weight(&format!("{p}.ffn_up_exps.weight"), &[d, ff, e], false)?;
         let down = self.weight(&format!("{p}.ffn_down_exps.weight"), &[ff, d, e], false)?;
         let routed = self.add(&format!("{p}.moe"), Op::MoeExperts { clamp }, &[a, sel, w, gate, up, down])?;
-        // Shared expert: its width comes from the file (DS4-Flash: the expert width).
-        let (_, sh_ne) = self.tt.lookup(&format!("{p}.ffn_gate_shexp.weight")).ok_or_else(|| BuildError::Missing(format!("{p}.ffn_gate_shexp.weight")))?;
-        let sff = sh_ne.get(1).copied().unwrap_or(0) as usize;
-        let sg = self.matmul(&format!("{p}.shexp.gate"), a, &format!("{p}.ffn_gate_shexp.weight"), d, sff)?;
-        let su = self.matmul(&format!("{p}.shexp.up"), a, &format!("{p}.ffn_up_shexp.weight"), d, sff)?;
-        let sh = self.add(&format!("{p}.shexp.act"), Op::SwiGlu { clamp }, &[sg, su])?;
-        let sy = self.matmul(&format!("{p}.shexp.down"), sh, &format!("{p}.ffn_down_shexp.weight"), sff, d)?;
         let y = self.add(&format!("{p}.ffn.out"), Op::Add, &[routed, sy])?;
         self.add(&format!("{p}.ffn.post"), Op::HcExpand { nh: hp.hc }, &[y, r, mix])
     }

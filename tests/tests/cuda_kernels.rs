@@ -712,9 +712,21 @@ fn digits_down_matches_the_f64_product() {
         let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
         let (wb, xb, sb, wtb, out) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap(), dev.alloc(n * 4).unwrap());
         launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(len)]).unwrap();
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), u(n), u(k), u(rb), u(picks)];
-        launch(&dev, &mk.func, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), (cuda_digits::down_threads(picks), 1, 1), 0, &args).unwrap();
-        let got: Vec<f32> = out.read(n).unwrap();
+        // Odd cases add an addend (the shared expert's output) after the sum: the same
+        // floats as the sum alone plus it, one f32 addition.
+        let addend: Vec<f32> = (0..n).map(|_| r.uniform(-1.0, 1.0) as f32).collect();
+        let (ab, has_addend) = (dev.upload(&addend).unwrap(), case % 2 == 1);
+        let run = |out: &ds4_runtime::cuda::DeviceBuf, with: bool| {
+            let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), Arg::Ptr(ab.ptr), u(n), u(k), u(rb), u(picks), u(with as usize)];
+            launch(&dev, &mk.func, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), (cuda_digits::down_threads(picks), 1, 1), 0, &args).unwrap();
+            out.read::<f32>(n).unwrap()
+        };
+        let got = run(&out, false);
+        if has_addend {
+            let summed = run(&dev.alloc(n * 4).unwrap(), true);
+            let same = summed.iter().zip(&got).zip(&addend).all(|((s, g), a)| s.to_bits() == (g + a).to_bits());
+            assert!(same, "{}: the addend is not one f32 addition after the sum", cuda_digits::MATVEC_Q2_K);
+        }
         let mut worst = 0f64;
         let mut wrow = vec![0f32; k];
         for row in 0..n {

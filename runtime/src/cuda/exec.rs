@@ -9,6 +9,7 @@ use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
 use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
 use super::device_log::DeviceLog;
+use super::fusion_plan::{self, FusionPlan};
 use super::x_parts::{self, XParts};
 use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
@@ -100,6 +101,8 @@ pub struct GpuExecutor<'a> {
     pub kernels: &'a Kernels,
     pub weights: &'a DeviceWeights,
     pub graph: &'a Graph,
+    /// The fused launches `graph` offers (`fusion_plan.rs`).
+    pub plan: &'a FusionPlan,
     /// A one-element buffer bound to pointer params a launch does not read.
     pub dummy: &'a DeviceBuf,
     /// `hc_pre`'s ticket counters (`cuda_hc_pre::MAX_TOKENS` zeros).
@@ -211,7 +214,7 @@ impl GpuExecutor<'_> {
         if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
             return Ok(None);
         }
-        let Some(c) = super::hc_pre::chain_at(self.graph, norm) else { return Ok(None) };
+        let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
         let w = self.weights.tensor(&c.w)?;
         if n % c.nh != 0 || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || x.ptr() % 16 != 0 {
             return Ok(None);
@@ -253,17 +256,24 @@ impl GpuExecutor<'_> {
 
     /// A RoPE op's frequencies on the device (uploaded once per table), its positions' base
     /// and multiplier for this run, and its direction.
-    fn rope_args(&self, op: &Op, bind: Bind) -> Result<RopeArgs, ExecError> {
-        let Op::Rope { inv_freq, pos, inverse, .. } = op else { return Err(ExecError::Internal("not a RoPE".into())) };
-        let bits: Vec<u32> = inv_freq.iter().map(|&v| (v as f32).to_bits()).collect();
+    fn rope_args(&self, rope: ds4_ir::NodeId, bind: Bind) -> Result<RopeArgs, ExecError> {
+        let Op::Rope { inv_freq, pos, inverse, .. } = &self.graph.node(rope).op else { return Err(ExecError::Internal("not a RoPE".into())) };
+        let made;
+        let key = match self.plan.rope_key(rope) {
+            Some(k) => k,
+            None => {
+                made = fusion_plan::freq_key(inv_freq);
+                &made
+            }
+        };
         let freq = {
             let mut cache = self.freqs.lock().map_err(|_| ExecError::Internal("frequency cache poisoned".into()))?;
-            match cache.get(&bits) {
+            match cache.get(key) {
                 Some(b) => b.clone(),
                 None => {
-                    let host: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+                    let host: Vec<f32> = key.iter().map(|&b| f32::from_bits(b)).collect();
                     let b = Arc::new(self.dev.upload(&host)?);
-                    cache.insert(bits, b.clone());
+                    cache.insert(key.to_vec(), b.clone());
                     b
                 }
             }
@@ -283,7 +293,7 @@ impl GpuExecutor<'_> {
         if switched_off!("DS4_NORM_ROPE") || !self.kernels.by_name.contains_key(cuda_norm_rope::NAME) {
             return Ok(None);
         }
-        let Some(c) = super::norm_rope::chain_at(self.graph, norm) else { return Ok(None) };
+        let Some(c) = self.plan.norm_rope(norm) else { return Ok(None) };
         let rope = self.graph.node(c.rope);
         let Op::Rope { n_rot, .. } = rope.op else { return Ok(None) };
         let rope_shape = rope.ty.shape.eval(bind);
@@ -301,7 +311,7 @@ impl GpuExecutor<'_> {
             },
             None => None,
         };
-        let r = self.rope_args(&rope.op, bind)?;
+        let r = self.rope_args(c.rope, bind)?;
         let rows = n_out / n;
         let out = self.dev.alloc(n_out * 4)?;
         // The norm's own threads, so that its sums are the same floats.
@@ -384,8 +394,10 @@ impl GpuExecutor<'_> {
     /// A decode token's expert down (`picks` experts of `n` rows of `k`, x a row per pick),
     /// summed over the picks with their weights, as one integer launch where it can run so
     /// (Q2_K, whole blocks): false where not.
+    /// `addend`: n floats added to the sum, one f32 addition (the graph's `Add` of the
+    /// shared expert: `fusion_plan.rs`).
     #[allow(clippy::too_many_arguments)]
-    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, x: u64, sel: u64, wts: u64, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
+    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, x: u64, sel: u64, wts: u64, addend: Option<u64>, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
         if !cuda_digits::down_fits(down.ty, n, k, picks) || !self.digits_on(cuda_digits::MATVEC_Q2_K) {
             return Ok(false);
         }
@@ -399,10 +411,12 @@ impl GpuExecutor<'_> {
             ("xsum", Arg::Ptr(xsum.ptr)),
             ("sel", Arg::Ptr(sel)),
             ("wts", Arg::Ptr(wts)),
+            ("addend", Arg::Ptr(addend.unwrap_or(self.dummy.ptr))),
             ("n", u(n)),
             ("k", u(k)),
             ("row_bytes", u(row_bytes(down.ty, k)?)),
             ("picks", u(picks)),
+            ("has_addend", u(addend.is_some() as usize)),
         ];
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
@@ -419,7 +433,7 @@ impl GpuExecutor<'_> {
             return Ok(None);
         }
         let Some(kl) = self.kernels.by_name.get(cuda_router::NAME) else { return Ok(None) };
-        let Some(c) = super::router::chain_at(self.graph, scores) else { return Ok(None) };
+        let Some(c) = self.plan.router(scores) else { return Ok(None) };
         if !cuda_router::fits(n, c.k) {
             return Ok(None);
         }
@@ -781,10 +795,23 @@ impl GpuExecutor<'_> {
                         }
                         None => {
                             let out = self.dev.alloc(n_out * 4)?;
-                            if t != 1 || !self.digits_down(&out, down, h.ptr(), sel, wts, d, ff, k)? {
+                            // The graph's add of the shared expert, which this node's only
+                            // reader is, folded into the integer down (`fusion_plan.rs`).
+                            let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match vals.get(&other.index()) {
+                                Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
+                                _ => None,
+                            });
+                            if t == 1 && self.digits_down(&out, down, h.ptr(), sel, wts, add.map(|(_, p)| p), d, ff, k)? {
+                                if let Some((add, _)) = add {
+                                    made.insert(add.index(), GVal::F(DevSlice::whole(out, n_out)));
+                                    GVal::Freed
+                                } else {
+                                    GVal::F(DevSlice::whole(out, n_out))
+                                }
+                            } else {
                                 self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                                GVal::F(DevSlice::whole(out, n_out))
                             }
-                            GVal::F(DevSlice::whole(out, n_out))
                         }
                     }
                 }
@@ -843,7 +870,7 @@ impl GpuExecutor<'_> {
                 }
                 Op::Rope { n_rot, .. } => {
                     let (heads, hd) = (shape[1], shape[2]);
-                    let r = self.rope_args(&node.op, bind)?;
+                    let r = self.rope_args(id, bind)?;
                     let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
                     self.op("rope", n_out, hd, &named)?
                 }

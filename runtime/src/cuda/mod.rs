@@ -12,6 +12,8 @@
 //! - `device_log.rs`: the stateful ops' logs in device memory (`crate::grow_log` over
 //!   device buffers; the bookkeeping is `crate::slot_ops`, shared with the CPU);
 //! - `expert_ids.rs`: the load-time check that lets a decode step skip reading expert ids;
+//! - `fusion_plan.rs`: the fused launches a graph offers (`hc_pre.rs`, `norm_rope.rs`,
+//!   `router.rs` find the chains), found once per graph;
 //! - `profile.rs`: `DS4_PROFILE=1`, device time per op kind;
 //! - `session.rs`: [`CudaBackend`] and [`CudaSession`] (feed / prefill / rewind);
 //! - `backend_choice.rs`: `--backend cpu|cuda` for the CLI;
@@ -25,6 +27,7 @@ mod device;
 mod device_log;
 mod exec;
 mod expert_ids;
+mod fusion_plan;
 mod hc_pre;
 mod norm_rope;
 mod router;

@@ -7,6 +7,7 @@ use super::device::{CudaError, Device, DeviceBuf};
 use super::device_log::DeviceLog;
 use super::exec::GpuExecutor;
 use super::expert_ids::check_expert_sources;
+use super::fusion_plan::FusionPlan;
 use super::placement::{DeviceWeights, Placement};
 use crate::session::{Model, ModelError, SessionOptions};
 use crate::state::SessionState;
@@ -73,6 +74,9 @@ pub struct CudaSession<'m> {
     graph: Cow<'m, Graph>,
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
+    /// The fused launches of `graph` and of `graph_last` (`fusion_plan.rs`).
+    plan: FusionPlan,
+    plan_last: Option<FusionPlan>,
     state: SessionState<DeviceLog>,
     pos: usize,
     opts: SessionOptions,
@@ -88,6 +92,7 @@ impl<'m> CudaSession<'m> {
         let (graph, last) = if opts.plain { (&model.graph_plain, &model.graph_plain_last) } else { (&model.graph, &model.graph_last) };
         let mut s = CudaSession::with_graph(backend, Cow::Borrowed(graph), opts);
         s.graph_last = Some(last);
+        s.plan_last = Some(FusionPlan::of(last));
         s
     }
 
@@ -95,7 +100,8 @@ impl<'m> CudaSession<'m> {
     /// model's graphs', whose kernels the backend compiled).
     pub fn with_graph(backend: Arc<CudaBackend<'m>>, graph: Cow<'m, Graph>, opts: SessionOptions) -> Self {
         let state = SessionState::new(graph.n_slots, opts.max_rewind);
-        CudaSession { backend, graph, graph_last: None, state, pos: 0, opts }
+        let plan = FusionPlan::of(&graph);
+        CudaSession { backend, graph, graph_last: None, plan, plan_last: None, state, pos: 0, opts }
     }
 
     pub fn pos(&self) -> usize {
@@ -132,11 +138,11 @@ impl<'m> CudaSession<'m> {
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
         let b = &self.backend;
-        let graph = match (last_only, self.graph_last) {
-            (true, Some(g)) => g,
-            _ => &self.graph,
+        let (graph, plan) = match (last_only, self.graph_last, &self.plan_last) {
+            (true, Some(g), Some(p)) => (g, p),
+            _ => (&*self.graph, &self.plan),
         };
-        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs };
+        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs };
         let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
         self.pos += ids.len();
         Ok(outs)

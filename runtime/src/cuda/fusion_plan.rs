@@ -1,0 +1,145 @@
+//! The fused launches a graph offers, found once per graph (when a session starts) rather
+//! than at every candidate node of every decode step: the hyper-connection pre chains
+//! (`hc_pre.rs`), the norm-RoPE chains (`norm_rope.rs`) and the routing chains
+//! (`router.rs`), each by the node where its launch goes; the `Add` after the routed
+//! experts that the integer down projection makes (`moe_add`); and each RoPE node's
+//! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
+//! is keyed by).
+//! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
+//! measuring switches); what the graph offers is fixed.
+
+use super::hc_pre::{self, HcPreChain};
+use super::norm_rope::{self, NormRopeChain};
+use super::router::{self, RouterChain};
+use ds4_ir::{Graph, NodeId, Op};
+use std::collections::HashMap;
+
+/// The chains of one graph, by the index of the node each starts at.
+#[derive(Default)]
+pub struct FusionPlan {
+    hc_pre: HashMap<usize, HcPreChain>,
+    norm_rope: HashMap<usize, NormRopeChain>,
+    router: HashMap<usize, RouterChain>,
+    moe_add: HashMap<usize, (NodeId, NodeId)>,
+    rope_keys: HashMap<usize, Vec<u32>>,
+}
+
+impl FusionPlan {
+    /// Walks `g` once.
+    pub fn of(g: &Graph) -> FusionPlan {
+        let mut plan = FusionPlan::default();
+        for id in g.order() {
+            let i = id.index();
+            match &g.node(id).op {
+                Op::RmsNormPlain { .. } | Op::RmsNorm { .. } => {
+                    // A plain norm is tried as a pre chain first (the executor's order).
+                    match hc_pre::chain_at(g, id) {
+                        Some(c) => {
+                            plan.hc_pre.insert(i, c);
+                        }
+                        None => {
+                            if let Some(c) = norm_rope::chain_at(g, id) {
+                                plan.norm_rope.insert(i, c);
+                            }
+                        }
+                    }
+                }
+                Op::RouterScores => {
+                    if let Some(c) = router::chain_at(g, id) {
+                        plan.router.insert(i, c);
+                    }
+                }
+                Op::Rope { inv_freq, .. } => {
+                    plan.rope_keys.insert(i, freq_key(inv_freq));
+                }
+                Op::MoeExperts { .. } => {
+                    if let Some(a) = moe_add_at(g, id) {
+                        plan.moe_add.insert(i, a);
+                    }
+                }
+                _ => {}
+            }
+        }
+        plan
+    }
+
+    pub fn hc_pre(&self, norm: NodeId) -> Option<&HcPreChain> {
+        self.hc_pre.get(&norm.index())
+    }
+
+    pub fn norm_rope(&self, norm: NodeId) -> Option<&NormRopeChain> {
+        self.norm_rope.get(&norm.index())
+    }
+
+    pub fn router(&self, scores: NodeId) -> Option<&RouterChain> {
+        self.router.get(&scores.index())
+    }
+
+    /// The `Add` that is the routed experts node `moe`'s only reader, and that add's other
+    /// input (made before `moe` in graph order: the shared expert's output).
+    pub fn moe_add(&self, moe: NodeId) -> Option<(NodeId, NodeId)> {
+        self.moe_add.get(&moe.index()).copied()
+    }
+
+    /// RoPE node `rope`'s frequency table key.
+    pub fn rope_key(&self, rope: NodeId) -> Option<&[u32]> {
+        self.rope_keys.get(&rope.index()).map(Vec::as_slice)
+    }
+}
+
+/// The `Add` reading only `moe` (no graph output) with another input made earlier.
+fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
+    let [add] = g.consumers(moe)[..] else { return None };
+    if g.is_output(moe) || !matches!(g.node(add).op, Op::Add) {
+        return None;
+    }
+    let other = match g.inputs(add)[..] {
+        [a, b] if a == moe && b != moe => b,
+        [a, b] if b == moe && a != moe => a,
+        _ => return None,
+    };
+    // Graph order is node order (`Graph::order`).
+    (other.index() < moe.index()).then_some((add, other))
+}
+
+/// A frequency table's cache key: its values as f32 bits.
+pub fn freq_key(inv_freq: &[f64]) -> Vec<u32> {
+    inv_freq.iter().map(|&v| (v as f32).to_bits()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the tiny golden model the plan holds what the chain finders find node by node,
+    /// a pre chain where both a pre chain and a norm-RoPE chain could start (none does),
+    /// each layer's shared-expert add after its routed experts, and a key for every RoPE
+    /// node.
+    #[test]
+    fn tiny_model_plan_is_the_chain_finders_node_by_node() {
+        let model = crate::cuda::tiny_q2();
+        let g = &model.graph;
+        let plan = FusionPlan::of(g);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds) = (0, 0, 0, 0, 0);
+        for id in g.order() {
+            let found_pre = hc_pre::chain_at(g, id).is_some();
+            assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
+            assert_eq!(plan.norm_rope(id).is_some(), !found_pre && norm_rope::chain_at(g, id).is_some(), "{}", g.node(id).label);
+            assert_eq!(plan.router(id).is_some(), router::chain_at(g, id).is_some(), "{}", g.node(id).label);
+            if let Op::Rope { inv_freq, .. } = &g.node(id).op {
+                assert_eq!(plan.rope_key(id), Some(freq_key(inv_freq).as_slice()));
+                ropes += 1;
+            }
+            if let Some((add, other)) = plan.moe_add(id) {
+                assert!(matches!(g.node(add).op, Op::Add) && g.consumers(id) == [add] && g.inputs(add).contains(&other), "{}", g.node(id).label);
+                moe_adds += 1;
+            }
+            pre += plan.hc_pre(id).is_some() as usize;
+            nr += plan.norm_rope(id).is_some() as usize;
+            rt += plan.router(id).is_some() as usize;
+        }
+        assert_eq!(pre, 2 * model.hp.n_layer, "two pre chains a layer");
+        assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
+        assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
+    }
+}
