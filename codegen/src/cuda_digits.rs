@@ -249,8 +249,11 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
     const unsigned int* const xw = (const unsigned int*)ds4_xd;
     const unsigned long long kw = k / 4ull;
     float part[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    // Lane l takes the 32-weight groups l, l + 32, ... of its warp's four rows.
-    for (unsigned long long ib = lane; ib < k / 32ull; ib += 32ull) {{
+    // Lane l takes the 32-weight groups l, l + 32, ... of its warp's four rows. A 32-bit
+    // counter and four groups' loads in flight: 28.9 -> 27.3 µs on the H200 (six picks of
+    // 2048 × 4096, standalone; the 64-bit counter kept the loop from unrolling).
+    #pragma unroll 4
+    for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
         uint4 xv[{DIGITS}][2];
         #pragma unroll
         for (unsigned int d = 0; d < {DIGITS}u; d++) {{
@@ -322,8 +325,11 @@ pub fn down_source() -> String {
     float part[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     // Lane l takes the 32-value groups l, l + 32, ... of x row p: sub-blocks 2i and 2i + 1
     // of a block (i = group % 8), whose values are the 32 bytes of plane i % 4 at byte
-    // 16 + 32 (i / 4).
-    for (unsigned long long ib = lane; ib < k / 32ull; ib += 32ull) {{
+    // 16 + 32 (i / 4). A 32-bit counter and two groups' loads in flight: 16.7 -> 14.5 µs
+    // on the H200 (4096 × 2048, six picks, standalone; unrolled on the 64-bit counter it
+    // took 20.8).
+    #pragma unroll 2
+    for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
         const unsigned long long e0 = p * k + ib * 32ull;
         uint4 xv[{DIGITS}][2];
         #pragma unroll
