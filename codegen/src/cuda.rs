@@ -129,6 +129,12 @@ impl Dialect for Cuda {
         format!("for (usize {var} = {start}; {var} < {end}; {var}++)")
     }
 
+    /// Unrolled by four, a thread's short loops have their loads in flight together
+    /// rather than one loop trip at a time (the trip counts are runtime values).
+    fn inner_loop_hint(&self) -> Option<&'static str> {
+        Some("#pragma unroll 4")
+    }
+
     fn thread_loop_header(&self, var: &str, start: &str, end: &str, split: bool) -> Option<String> {
         Some(if split {
             format!("for (usize {var} = {start} + threadIdx.x + (usize)blockIdx.y * blockDim.x; {var} < {end}; {var} += (usize)blockDim.x * gridDim.y)")

@@ -77,6 +77,11 @@ pub trait Dialect {
     fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String;
     /// `for` header up to (not including) the opening brace.
     fn for_header(&self, var: &str, start: &str, end: &str) -> String;
+    /// A line before a serial loop inside a thread loop (a thread's own short loop, such
+    /// as `hc_expand`'s over the streams), where the target takes a hint.
+    fn inner_loop_hint(&self) -> Option<&'static str> {
+        None
+    }
     /// An `if`/`while` condition as written after the keyword.
     fn condition(&self, cond: &str) -> String {
         format!("({cond})")
@@ -373,6 +378,9 @@ impl Renderer<'_> {
                     return;
                 }
                 let header = d.for_header(&v, &a, &b);
+                if let Some(hint) = d.inner_loop_hint().filter(|_| self.in_par.get()) {
+                    let _ = writeln!(s, "{pad}{hint}");
+                }
                 let _ = writeln!(s, "{pad}{header} {{");
                 self.block(s, body, depth + 1);
                 let _ = writeln!(s, "{pad}}}");

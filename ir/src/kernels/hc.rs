@@ -107,10 +107,11 @@ pub fn hc_collapse<F: Real>(item: usize, out: &mut [F], r: &[F], mix: &[F], nh: 
 pub fn hc_expand<F: Real>(item: usize, out: &mut [F], y: &[F], r: &[F], mix: &[F], nh: usize, d: usize) {
     let mw = 2 * nh + nh * nh;
     let mo = item * mw;
-    for j in 0..nh {
-        let post = mix[mo + nh + j];
-        'par: for c in 0..d {
-            let mut acc = post * y[item * d + c];
+    // Channel by channel, all streams at once: a thread reads its channel of y and of the
+    // nh streams for every output stream j (one round of loads on a GPU, not nh).
+    'par: for c in 0..d {
+        for j in 0..nh {
+            let mut acc = mix[mo + nh + j] * y[item * d + c];
             for i in 0..nh {
                 acc += mix[mo + 2 * nh + i * nh + j] * r[(item * nh + i) * d + c];
             }

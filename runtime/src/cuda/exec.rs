@@ -866,7 +866,9 @@ impl GpuExecutor<'_> {
                 }
                 Op::HcExpand { nh } => {
                     let d = last(0);
-                    self.op("hc_expand", n_out, nh * d, &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
+                    // Its parallel loop is over the d channels (each thread makes the nh streams
+                    // of its channel).
+                    self.op_over("hc_expand", n_out, nh * d, (d, op_per_thread()), &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
                 }
                 Op::Rope { n_rot, .. } => {
                     let (heads, hd) = (shape[1], shape[2]);
