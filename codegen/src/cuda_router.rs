@@ -3,8 +3,12 @@
 //! the bias), their top k (`top_k_sort`'s keys and sort) and the picks' weights
 //! (`router_weights`), four kernels of ~2-5 µs each at decode, 40 layers a step.
 //!
-//! Block t takes token t: its scores into shared memory, its selection keys sorted there,
-//! then one warp writes the picks and their weights, lane j pick j. The floats are the four
+//! Block t takes token t: its scores and selection keys into shared memory; then, for rows
+//! of up to [`SELECT_MAX_N`] experts, warp 0 takes the k largest keys one at a time (each
+//! a scan of the row and a shuffle-tree maximum; the keys are distinct, so these are the
+//! first k keys of the sorted row), else the whole block sorts the keys (`top_k_sort`'s
+//! network); then the warp writes the picks and their weights, lane j pick j. (The sort's
+//! 36 barriers for 256 experts made the launch 7.4 µs on the H200.) The floats are the four
 //! kernels' (the same expressions; the weights' sum by the same shuffle tree as
 //! `router_weights` run by one warp, which is how the runtime launches it for k ≤ 32), so
 //! the picks and weights are theirs bit for bit (`cuda_kernels` checks). A place past the
@@ -21,6 +25,8 @@ use crate::quant::{BufElem, QParam};
 pub const NAME: &str = "router_select";
 /// The most picks (a warp's lanes).
 pub const MAX_K: usize = 32;
+/// The longest row whose picks one warp selects (32 keys a lane); longer rows are sorted.
+pub const SELECT_MAX_N: usize = 1024;
 /// The most tokens the runtime gives it (a decode step's; prefills keep the four kernels,
 /// where the launch count matters less and it has not been measured).
 pub const MAX_TOKENS: usize = 8;
@@ -97,12 +103,43 @@ pub fn source() -> String {
         atomicAdd(&ds4_chosen, mine);
     }}
     __syncthreads();
-    ds4_sort_keys(ds4_keys, len);
+    const bool select = len <= {select_max}u;
+    if (!select) {{
+        ds4_sort_keys(ds4_keys, len);
+    }}
     // Picks and weights (`router_weights` by one warp: its sum is this shuffle tree).
     if (threadIdx.x < 32u) {{
         const unsigned int j = threadIdx.x;
         const bool on = j < (unsigned int)k;
-        const int pick = on && j < ds4_chosen ? ds4_top_k_index(ds4_keys[j]) : -1;
+        int pick = -1;
+        if (select) {{
+            // Round r: the largest key left is pick r (0: none left, nor after it); its
+            // place is cleared for the next round.
+            for (unsigned int r = 0u; r < (unsigned int)k; r++) {{
+                unsigned long long best = 0ull;
+                for (unsigned int e = j; e < len; e += 32u) {{
+                    const unsigned long long key = ds4_keys[e];
+                    best = key > best ? key : best;
+                }}
+                for (int o = 16; o > 0; o >>= 1) {{
+                    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+                    best = other > best ? other : best;
+                }}
+                if (best == 0ull) {{
+                    break;
+                }}
+                const int idx = ds4_top_k_index(best);
+                if (j == r) {{
+                    pick = idx;
+                }}
+                if (j == 0u) {{
+                    ds4_keys[idx] = 0ull;
+                }}
+                __syncwarp();
+            }}
+        }} else if (on && j < ds4_chosen) {{
+            pick = ds4_top_k_index(ds4_keys[j]);
+        }}
         const float s = pick >= 0 ? scores[pick] : 0.0f;
         float sum = s;
         for (int o = 16; o > 0; o >>= 1) {{
@@ -116,7 +153,8 @@ pub fn source() -> String {
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params())
+        entry = crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params()),
+        select_max = SELECT_MAX_N
     ));
     s
 }

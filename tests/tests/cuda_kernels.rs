@@ -748,7 +748,8 @@ fn digits_down_matches_the_f64_product() {
 /// `router_select` (a token's routing in one launch) against the four generated kernels it
 /// replaces, launched one after another on the same logits and bias (`router_weights` by
 /// one warp, as the runtime runs it for k ≤ 32): the same picks and the same weights, bit
-/// for bit; 1 to 3 tokens, 8 to 300 experts, 1 to 32 picks, normalized or not.
+/// for bit; 1 to 3 tokens, 8 to 2000 experts (up to `SELECT_MAX_N` selected by one warp,
+/// 2000 sorted by the block), 1 to 32 picks, normalized or not.
 #[test]
 fn router_select_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
@@ -757,7 +758,7 @@ fn router_select_matches_the_chain_it_fuses() {
     let [scores_k, biased_k, top_k_k, weights_k] = ["router_scores", "router_biased", "top_k", "router_weights"].map(|n| ks.get(n).unwrap());
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
-    for (case, &(n, k)) in [(8, 1), (256, 6), (300, 32), (256, 8)].iter().enumerate() {
+    for (case, &(n, k)) in [(8, 1), (256, 6), (300, 32), (256, 8), (2000, 8)].iter().enumerate() {
         let tokens = 1 + case % 3;
         let normalize = case % 2 == 1;
         let scale = r.uniform(0.5, 3.0) as f32;
