@@ -14,6 +14,7 @@
 //! It takes up to [`MAX_CHUNKS`] chunks ([`fits`]); the runtime runs the generated merge
 //! otherwise.
 
+use crate::quant::{BufElem, QParam};
 use crate::Target;
 use ds4_ir::kir::Kernel;
 
@@ -36,14 +37,18 @@ pub fn contract() -> Kernel {
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    let preamble = format!("\n#define DS4_MAX_CHUNKS {MAX_CHUNKS}u\n\n");
+    let preamble = format!("\n#define DS4_MAX_CHUNKS {MAX_CHUNKS}u\n{MERGE_ITEM}\n");
     crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_attention_merge.rs", &preamble, &THREADS.to_string(), &contract(), BODY)
 }
 
-const BODY: &str = r#"    __shared__ float ds4_factor[DS4_MAX_CHUNKS];
+/// The merge of one item, by the block, into `dst` (shared by both kernels here).
+const MERGE_ITEM: &str = r#"
+// Item `item`'s chunks (rows of hd + 2 floats in `part`: the chunk's outputs, its max,
+// its denominator) merged into dst[0 .. hd], by the block.
+__device__ __forceinline__ void ds4_merge_item(float* const dst, const float* __restrict__ part, const unsigned long long hd, const unsigned long long nc, const unsigned long long item) {
+    __shared__ float ds4_factor[DS4_MAX_CHUNKS];
     __shared__ float ds4_sum;
-    const usize item = blockIdx.x;
-    const usize w = hd + 2;
+    const unsigned long long w = hd + 2;
     const float* const p = part + item * nc * w;
     const unsigned int chunks = (unsigned int)nc;
     if (threadIdx.x < 32u) {
@@ -78,7 +83,7 @@ const BODY: &str = r#"    __shared__ float ds4_factor[DS4_MAX_CHUNKS];
     }
     __syncthreads();
     const float sum = ds4_sum;
-    for (usize d = threadIdx.x; d < hd; d += blockDim.x) {
+    for (unsigned long long d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         for (unsigned int c = 0; c < chunks; c++) {
             const float f = ds4_factor[c];
@@ -86,9 +91,68 @@ const BODY: &str = r#"    __shared__ float ds4_factor[DS4_MAX_CHUNKS];
                 acc += p[c * w + d] * f;
             }
         }
-        out[item * hd + d] = acc / sum;
+        dst[d] = acc / sum;
     }
+}
 "#;
+
+const BODY: &str = "    ds4_merge_item(out + blockIdx.x * hd, part, hd, nc, blockIdx.x);\n";
+
+/// `attention_merge_rope`: the merge, then the inverse RoPE that the graph applies to the
+/// attention's output (`rope` with `sign` -1, at the token's position), one launch
+/// (`runtime/src/cuda/fusion_plan.rs` finds the pair): the item's merged row staged in
+/// shared memory, rotated there by `cuda_norm_rope`'s `ds4_rope_row`, then written out.
+/// Bit for bit `attention_merge_warp` then `rope` (`cuda_kernels` checks).
+pub const ROPE_NAME: &str = "attention_merge_rope";
+/// The widest head `attention_merge_rope` stages.
+pub const ROPE_MAX_HD: usize = 4096;
+
+/// `attention_merge_rope`'s parameters in launch order: the merge's (`part`, `hd`, `nc`)
+/// and the RoPE's (item `item` is token `item / heads`, at `(pos_base + token) · pos_mult`).
+pub fn rope_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "part", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "inv_freq", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "hd" },
+        QParam::Scalar { name: "nc" },
+        QParam::Scalar { name: "heads" },
+        QParam::Scalar { name: "n_rot" },
+        QParam::Scalar { name: "pos_base" },
+        QParam::Scalar { name: "pos_mult" },
+        QParam::Float { name: "sign" },
+    ]
+}
+
+/// Dynamic shared memory of an `attention_merge_rope` launch over heads of `hd`.
+pub fn rope_shared_bytes(hd: usize) -> u32 {
+    (hd * 4) as u32
+}
+
+/// `attention_merge_rope`'s CUDA source. Launch: grid [items, 1, 1], [`THREADS`] threads,
+/// [`rope_shared_bytes`].
+pub fn rope_source() -> String {
+    let mut s = format!("// {ROPE_NAME}: attention_merge_warp, then the inverse RoPE of the item's row, in one launch (codegen/src/cuda_attention_merge.rs).\n");
+    s.push_str(&format!("\n#define DS4_MAX_CHUNKS {MAX_CHUNKS}u\n"));
+    s.push_str(MERGE_ITEM);
+    s.push_str(crate::cuda_norm_rope::ROPE_ROW);
+    s.push_str(&format!(
+        r#"
+{entry}    extern __shared__ float ds4_row[];
+    const unsigned long long item = blockIdx.x;
+    ds4_merge_item(ds4_row, ds4_part, hd, nc, item);
+    __syncthreads();
+    ds4_rope_row(ds4_row, ds4_inv_freq, hd, n_rot, (float)((pos_base + item / heads) * pos_mult), sign);
+    __syncthreads();
+    for (unsigned long long d = threadIdx.x; d < hd; d += blockDim.x) {{
+        ds4_out[item * hd + d] = ds4_row[d];
+    }}
+}}
+"#,
+        entry = crate::cuda::own_entry(ROPE_NAME, &THREADS.to_string(), &rope_params())
+    ));
+    s
+}
 
 #[cfg(test)]
 mod tests {
@@ -97,6 +161,11 @@ mod tests {
     #[test]
     fn takes_the_parameters_of_attention_merge() {
         crate::cuda::assert_takes_contract(source, NAME, &contract());
+    }
+
+    #[test]
+    fn rope_source_declares_every_parameter_in_order() {
+        crate::cuda::assert_declares_params(&rope_source(), ROPE_NAME, &rope_params());
     }
 
     #[test]

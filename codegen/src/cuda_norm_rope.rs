@@ -46,6 +46,24 @@ pub fn params() -> Vec<QParam> {
     ]
 }
 
+/// `rope` on a row of `n` values staged in shared memory (its last `n_rot` in pairs, at
+/// position `pos`): the op kernel's floats, shared with `attention_merge_rope`.
+pub(crate) const ROPE_ROW: &str = r#"
+// `rope` on a staged row: its last n_rot values in pairs, at position pos, by the block.
+__device__ __forceinline__ void ds4_rope_row(float* const row, const float* __restrict__ inv_freq, const unsigned long long n, const unsigned long long n_rot, const float pos, const float sign) {
+    const unsigned long long nope = n - n_rot;
+    for (unsigned long long p = threadIdx.x; p < n_rot / 2ull; p += blockDim.x) {
+        const float ang = pos * inv_freq[p];
+        const float c = cosf(ang);
+        const float s = sinf(ang) * sign;
+        const float a = row[nope + 2ull * p];
+        const float b = row[nope + 2ull * p + 1ull];
+        row[nope + 2ull * p] = a * c - b * s;
+        row[nope + 2ull * p + 1ull] = b * c + a * s;
+    }
+}
+"#;
+
 /// Bytes of dynamic shared memory a launch over rows of `n` values needs.
 pub fn shared_bytes(n: usize) -> u32 {
     (n * 4) as u32
@@ -63,6 +81,7 @@ pub fn source(target: Target) -> Option<String> {
     let mut s = format!("// {NAME}: an RMS norm, RoPE and the FP8 round trip of a row in one launch (codegen/src/cuda_norm_rope.rs).\n\n");
     s.push_str(crate::cuda::BLOCK_SUM);
     s.push_str(&crate::render::render_helpers(&crate::cuda::Cuda { sm }, &fp8));
+    s.push_str(ROPE_ROW);
     s.push_str(&format!(
         r#"
 {entry}    extern __shared__ float ds4_row[];
@@ -84,18 +103,7 @@ pub fn source(target: Target) -> Option<String> {
     }}
     __syncthreads();
     // `rope`: the last n_rot values in pairs.
-    const unsigned long long nope = n - n_rot;
-    const float pos = (float)((pos_base + item / heads) * pos_mult);
-    const float sg = sign;
-    for (unsigned long long p = threadIdx.x; p < n_rot / 2ull; p += blockDim.x) {{
-        const float ang = pos * ds4_inv_freq[p];
-        const float c = cosf(ang);
-        const float s = sinf(ang) * sg;
-        const float a = ds4_row[nope + 2ull * p];
-        const float b = ds4_row[nope + 2ull * p + 1ull];
-        ds4_row[nope + 2ull * p] = a * c - b * s;
-        ds4_row[nope + 2ull * p + 1ull] = b * c + a * s;
-    }}
+    ds4_rope_row(ds4_row, ds4_inv_freq, n, n_rot, (float)((pos_base + item / heads) * pos_mult), sign);
     __syncthreads();
     // `fp8_roundtrip` of the first n_nope values (blocks of 64), or the row as it is.
     const unsigned long long rounded = fp8 != 0ull ? n_nope / 64ull * 64ull : 0ull;

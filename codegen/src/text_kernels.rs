@@ -6,7 +6,7 @@
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
 //! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
-//! `split_x_bf16x3`).
+//! `attention_merge_rope`, `split_x_bf16x3`).
 
 use crate::quant::{cuda_split, QParam};
 use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
@@ -72,6 +72,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS),
             manifest_shared: 0,
             source: cuda_attention_merge::source,
+        },
+        TextKernel {
+            name: cuda_attention_merge::ROPE_NAME,
+            params: TextParams::Own(cuda_attention_merge::rope_params()),
+            threads: cuda_attention_merge::THREADS,
+            dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}, \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS, cuda_attention_merge::ROPE_MAX_HD),
+            manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+            source: |t| cuda_only(t, cuda_attention_merge::rope_source),
         },
         TextKernel {
             name: cuda_hc_mix::NAME,

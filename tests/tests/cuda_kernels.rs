@@ -807,6 +807,39 @@ fn attention_merge_warp_matches_attention_merge() {
     }
 }
 
+/// `attention_merge_rope` (the merge and the inverse RoPE of the attention's output in one
+/// launch) bit for bit against `attention_merge_warp` then the generated `rope` on its
+/// output: heads of 4 to 512 with 2 to all of them rotated, 1 to 64 chunks (some that saw
+/// no row), tokens at positions up to 10^5.
+#[test]
+fn attention_merge_rope_matches_merge_then_rope() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (fused, merge, rope) = (ks.get(cuda_attention_merge::ROPE_NAME).unwrap(), ks.get(cuda_attention_merge::NAME).unwrap(), ks.get("rope").unwrap());
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for (tokens, heads, hd, n_rot, nc) in [(1, 1, 4, 2, 1), (2, 3, 18, 8, 5), (1, 64, 512, 64, 32), (3, 4, 512, 512, cuda_attention_merge::MAX_CHUNKS)] {
+        let items = tokens * heads;
+        let part: Vec<f32> = (0..items * nc * (hd + 2)).map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && i % 3 == 0 { f32::NEG_INFINITY } else { r.uniform(0.0, 2.0) as f32 }).collect();
+        let freq: Vec<f32> = (0..n_rot / 2).map(|_| r.uniform(1e-4, 1.0) as f32).collect();
+        let (pb, fb) = (dev.upload(&part).unwrap(), dev.upload(&freq).unwrap());
+        let (pos_base, sign) = (r.range(0, 100000), -1.0f32);
+        // The merge, then the RoPE.
+        let merged = dev.alloc(items * hd * 4).unwrap();
+        launch(&dev, &merge.func, (items as u32, 1, 1), (cuda_attention_merge::THREADS, 1, 1), 0, &[Arg::Ptr(merged.ptr), Arg::Ptr(pb.ptr), u(hd), u(nc)]).unwrap();
+        let want = dev.alloc(items * hd * 4).unwrap();
+        launch(&dev, &rope.func, (items as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(want.ptr), Arg::Ptr(merged.ptr), Arg::Ptr(fb.ptr), u(heads), u(hd), u(n_rot), u(pos_base), u(1), Arg::F32(sign)]).unwrap();
+        // The fused launch.
+        let got = dev.alloc(items * hd * 4).unwrap();
+        let args = [Arg::Ptr(got.ptr), Arg::Ptr(pb.ptr), Arg::Ptr(fb.ptr), u(hd), u(nc), u(heads), u(n_rot), u(pos_base), u(1), Arg::F32(sign)];
+        launch(&dev, &fused.func, (items as u32, 1, 1), (cuda_attention_merge::THREADS, 1, 1), cuda_attention_merge::rope_shared_bytes(hd), &args).unwrap();
+        let (got, want): (Vec<f32>, Vec<f32>) = (got.read(items * hd).unwrap(), want.read(items * hd).unwrap());
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        println!("attention_merge_rope: {tokens} tokens × {heads} heads of {hd} ({n_rot} rotated), {nc} chunks: {differ} of {} values differ", got.len());
+        assert_eq!(differ, 0, "attention_merge_rope differs from the merge then the RoPE ({tokens} × {heads} × {hd}, n_rot {n_rot}, {nc} chunks)");
+    }
+}
+
 /// `top_k_sort` (a block sorts its row) against the reference `top_k` (the Rust body the
 /// IR kernel is made from): the same picks, in the same order, on rows with ties, -inf,
 /// NaN and both zeros, from 1 to `MAX_N` scores (the router's 6 of 256, the indexer's 512

@@ -341,6 +341,39 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
+    /// The attention merge and the inverse RoPE after it (node `rope`, which the plan pairs
+    /// with the attention: `fusion_plan.rs`) as one `attention_merge_rope` launch over the
+    /// `items` (token, head) rows of `hd` merged from `nc` chunks in `part`: the RoPE's
+    /// value, or None to run them apart. `DS4_MERGE_ROPE=0` turns it off.
+    #[allow(clippy::too_many_arguments)]
+    fn merge_rope(&self, rope: ds4_ir::NodeId, part: &DevSlice, items: usize, heads: usize, hd: usize, nc: usize, bind: Bind) -> Result<Option<DeviceBuf>, ExecError> {
+        if switched_off!("DS4_MERGE_ROPE") || !self.kernels.by_name.contains_key(cuda_attention_merge::ROPE_NAME) || hd > cuda_attention_merge::ROPE_MAX_HD {
+            return Ok(None);
+        }
+        let Op::Rope { n_rot, .. } = self.graph.node(rope).op else { return Ok(None) };
+        if n_rot > hd || n_rot % 2 != 0 || heads == 0 {
+            return Ok(None);
+        }
+        let r = self.rope_args(rope, bind)?;
+        let out = self.dev.alloc(items * hd * 4)?;
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("out", Arg::Ptr(out.ptr)),
+            ("part", Arg::Ptr(part.ptr())),
+            ("inv_freq", Arg::Ptr(r.freq.ptr)),
+            ("hd", u(hd)),
+            ("nc", u(nc)),
+            ("heads", u(heads)),
+            ("n_rot", u(n_rot)),
+            ("pos_base", u(r.base)),
+            ("pos_mult", u(r.mult)),
+            ("sign", Arg::F32(r.sign)),
+        ];
+        let k = self.kernels.get(cuda_attention_merge::ROPE_NAME)?;
+        self.call_threads(k, cuda_attention_merge::ROPE_NAME, (items as u32, 1, 1), cuda_attention_merge::THREADS, cuda_attention_merge::rope_shared_bytes(hd), &named)?;
+        Ok(Some(out))
+    }
+
     /// Whether the integer expert mat-vec `name` may run (`cuda_digits.rs`) and it and
     /// `x_digits` are loaded. `DS4_DIGITS`: `0` none, `gate` only gate and up, `down` only
     /// down (for measuring); both by default.
@@ -1022,7 +1055,15 @@ impl GpuExecutor<'_> {
                     // (cuda_attention_merge.rs: the same contract and floats).
                     // `DS4_MERGE_WARP=0` turns it off (for measuring).
                     let warp = !switched_off!("DS4_MERGE_WARP") && cuda_attention_merge::fits(nc) && self.kernels.by_name.contains_key(cuda_attention_merge::NAME);
-                    self.op(if warp { cuda_attention_merge::NAME } else { "attention_merge" }, n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?
+                    // With the inverse RoPE after it where the plan pairs them.
+                    let with_rope = match self.plan.attention_rope(id).filter(|_| warp) {
+                        Some(rope) => self.merge_rope(rope, &part, items, heads, hd, nc, bind)?.map(|out| (rope, out)),
+                        None => None,
+                    };
+                    match with_rope {
+                        Some((rope, out)) => fused(&mut made, vec![(rope.index(), GVal::F(DevSlice::whole(out, n_out)))]),
+                        None => self.op(if warp { cuda_attention_merge::NAME } else { "attention_merge" }, n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?,
+                    }
                 }
             };
             profile::stop(self.dev, t_node, node.op.name(), label)?;

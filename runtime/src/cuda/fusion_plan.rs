@@ -2,7 +2,9 @@
 //! than at every candidate node of every decode step: the hyper-connection pre chains
 //! (`hc_pre.rs`), the norm-RoPE chains (`norm_rope.rs`) and the routing chains
 //! (`router.rs`), each by the node where its launch goes; the `Add` after the routed
-//! experts that the integer down projection makes (`moe_add`); and each RoPE node's
+//! experts that the integer down projection makes (`moe_add`); the RoPE that the attention
+//! merge makes (`attention_rope`: the inverse RoPE of the attention's output); and each
+//! RoPE node's
 //! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
 //! is keyed by).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
@@ -21,6 +23,7 @@ pub struct FusionPlan {
     norm_rope: HashMap<usize, NormRopeChain>,
     router: HashMap<usize, RouterChain>,
     moe_add: HashMap<usize, (NodeId, NodeId)>,
+    attention_rope: HashMap<usize, NodeId>,
     rope_keys: HashMap<usize, Vec<u32>>,
 }
 
@@ -52,6 +55,11 @@ impl FusionPlan {
                 Op::Rope { inv_freq, .. } => {
                     plan.rope_keys.insert(i, freq_key(inv_freq));
                 }
+                Op::Attention { .. } => {
+                    if let Some(r) = only_reader(g, id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
+                        plan.attention_rope.insert(i, r);
+                    }
+                }
                 Op::MoeExperts { .. } => {
                     if let Some(a) = moe_add_at(g, id) {
                         plan.moe_add.insert(i, a);
@@ -81,16 +89,29 @@ impl FusionPlan {
         self.moe_add.get(&moe.index()).copied()
     }
 
+    /// The RoPE that is attention node `attn`'s only reader.
+    pub fn attention_rope(&self, attn: NodeId) -> Option<NodeId> {
+        self.attention_rope.get(&attn.index()).copied()
+    }
+
     /// RoPE node `rope`'s frequency table key.
     pub fn rope_key(&self, rope: NodeId) -> Option<&[u32]> {
         self.rope_keys.get(&rope.index()).map(Vec::as_slice)
     }
 }
 
+/// The one reader of `id`, where `id` is no graph output.
+fn only_reader(g: &Graph, id: NodeId) -> Option<NodeId> {
+    match g.consumers(id)[..] {
+        [r] if !g.is_output(id) => Some(r),
+        _ => None,
+    }
+}
+
 /// The `Add` reading only `moe` (no graph output) with another input made earlier.
 fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
-    let [add] = g.consumers(moe)[..] else { return None };
-    if g.is_output(moe) || !matches!(g.node(add).op, Op::Add) {
+    let add = only_reader(g, moe)?;
+    if !matches!(g.node(add).op, Op::Add) {
         return None;
     }
     let other = match g.inputs(add)[..] {
@@ -113,14 +134,14 @@ mod tests {
 
     /// On the tiny golden model the plan holds what the chain finders find node by node,
     /// a pre chain where both a pre chain and a norm-RoPE chain could start (none does),
-    /// each layer's shared-expert add after its routed experts, and a key for every RoPE
-    /// node.
+    /// each layer's shared-expert add after its routed experts and inverse RoPE after its
+    /// attention, and a key for every RoPE node.
     #[test]
     fn tiny_model_plan_is_the_chain_finders_node_by_node() {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds) = (0, 0, 0, 0, 0);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes) = (0, 0, 0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -129,6 +150,10 @@ mod tests {
             if let Op::Rope { inv_freq, .. } = &g.node(id).op {
                 assert_eq!(plan.rope_key(id), Some(freq_key(inv_freq).as_slice()));
                 ropes += 1;
+            }
+            if let Some(rope) = plan.attention_rope(id) {
+                assert!(matches!(g.node(id).op, Op::Attention { .. }) && matches!(g.node(rope).op, Op::Rope { inverse: true, .. }), "{}", g.node(id).label);
+                attention_ropes += 1;
             }
             if let Some((add, other)) = plan.moe_add(id) {
                 assert!(matches!(g.node(add).op, Op::Add) && g.consumers(id) == [add] && g.inputs(add).contains(&other), "{}", g.node(id).label);
@@ -140,6 +165,7 @@ mod tests {
         }
         assert_eq!(pre, 2 * model.hp.n_layer, "two pre chains a layer");
         assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
+        assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
     }
 }
