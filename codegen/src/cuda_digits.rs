@@ -31,6 +31,7 @@
 //! `DS4_DIGITS=0` turns it off.
 
 use crate::quant::{BufElem, QParam};
+use crate::Target;
 use ds4_ir::quant::TableData;
 use ds4_ir::GgmlType;
 use std::fmt::Write;
@@ -69,7 +70,10 @@ pub fn x_digits_params() -> Vec<QParam> {
         QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "xsum", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "u", elem: BufElem::F32, mutable: false },
         QParam::Scalar { name: "k" },
+        QParam::Float { name: "clamp" },
+        QParam::Scalar { name: "swiglu" },
     ]
 }
 
@@ -145,15 +149,25 @@ fn whole(ty: GgmlType, n: usize, k: usize) -> bool {
     n > 0 && n.is_multiple_of(ROWS_PER_BLOCK) && k > 0 && k.is_multiple_of(ty.block_elems())
 }
 
-/// `x_digits`'s CUDA source.
-pub fn x_digits_source() -> String {
-    format!(
+/// `x_digits`'s CUDA source (None off CUDA). With `swiglu` 1 the values are the clamped
+/// SwiGLU of `x` (the gate rows) and `u` (the up rows), by the `swiglu` op kernel's helper
+/// rendered from its IR: the routed experts' down reads the digits of their SwiGLU, which
+/// is then never made (the same floats as `swiglu` then `x_digits`).
+pub fn x_digits_source(target: Target) -> Option<String> {
+    let sm = match target {
+        Target::CudaSm90 => 90,
+        Target::CudaSm120 => 120,
+        _ => return None,
+    };
+    let swiglu = ds4_ir::kernels::all().into_iter().find(|k| k.name == "swiglu").expect("swiglu is an op kernel");
+    Some(format!(
         r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
-
+{helpers}
 {entry}    const unsigned int lane = threadIdx.x & 31u;
     const unsigned long long b = (unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5);
     if (b * {X_BLOCK}ull >= k) return;
-    const float v = ds4_x[b * {X_BLOCK}ull + lane];
+    const unsigned long long i = b * {X_BLOCK}ull + lane;
+    const float v = swiglu != 0ull ? swiglu_value(ds4_x[i], ds4_u[i], clamp) : ds4_x[i];
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     // The sums of each {SUM_SPAN} values (lanes 0 and {SUM_SPAN} write them).
@@ -176,8 +190,9 @@ pub fn x_digits_source() -> String {
     if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
 }}
 "#,
+        helpers = crate::render::render_helpers(&crate::cuda::Cuda { sm }, &swiglu),
         entry = crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
-    )
+    ))
 }
 
 /// The reference of `x_digits` for one block of [`X_BLOCK`] values: the digit planes and
@@ -464,7 +479,7 @@ mod tests {
 
     #[test]
     fn sources_declare_their_parameters_in_order() {
-        crate::cuda::assert_declares_params(&x_digits_source(), X_DIGITS, &x_digits_params());
+        crate::cuda::assert_declares_params(&x_digits_source(Target::CudaSm90).unwrap(), X_DIGITS, &x_digits_params());
         crate::cuda::assert_declares_params(&matvec_source(), MATVEC_IQ2_XXS, &matvec_params());
         crate::cuda::assert_declares_params(&down_source(), MATVEC_Q2_K, &down_params());
     }

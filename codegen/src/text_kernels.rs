@@ -125,7 +125,7 @@ pub fn all() -> Vec<TextKernel> {
             dyn_shared: 0,
             launch: format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS),
             manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_digits::x_digits_source),
+            source: cuda_digits::x_digits_source,
         },
         TextKernel {
             name: cuda_digits::MATVEC_IQ2_XXS,

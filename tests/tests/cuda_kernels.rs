@@ -534,7 +534,7 @@ fn digits_experts_match_the_f64_product() {
         let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
         let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
         let (wgb, wub, xb, sb) = (dev.upload(wg).unwrap(), dev.upload(wu).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(k)]).unwrap();
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(k), Arg::F32(0.0), u(0)]).unwrap();
         let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rb), u(picks)];
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         // The digits give x back.
@@ -711,7 +711,23 @@ fn digits_down_matches_the_f64_product() {
         let len = picks * k;
         let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
         let (wb, xb, sb, wtb, out) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap(), dev.alloc(n * 4).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(len)]).unwrap();
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(len), Arg::F32(0.0), u(0)]).unwrap();
+        // The digits of a SwiGLU made by `x_digits` from gate and up rows (`swiglu` 1): the
+        // same bytes and floats as the `swiglu` op kernel's output taken apart.
+        {
+            let (g, up): (Vec<f32>, Vec<f32>) = ((0..len).map(|_| r.uniform(-12.0, 12.0) as f32).collect(), (0..len).map(|_| r.uniform(-12.0, 12.0) as f32).collect());
+            let (gb, ub, clamp) = (dev.upload(&g).unwrap(), dev.upload(&up).unwrap(), 7.0f32);
+            let h = dev.alloc(len * 4).unwrap();
+            let sk = ks.get("swiglu").unwrap();
+            launch(&dev, &sk.func, (1, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(h.ptr), Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), u(len), Arg::F32(clamp)]).unwrap();
+            let digits = |x: u64, u_rows: u64, on: bool| {
+                let (d, sc, sm) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
+                launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(d.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(sm.ptr), Arg::Ptr(x), Arg::Ptr(u_rows), u(len), Arg::F32(clamp), u(on as usize)]).unwrap();
+                let (sc, sm): (Vec<f32>, Vec<f32>) = (sc.read(len / 32).unwrap(), sm.read(len / 16).unwrap());
+                (d.read::<u8>(cuda_digits::digit_bytes(len)).unwrap(), sc.iter().chain(&sm).map(|v| v.to_bits()).collect::<Vec<u32>>())
+            };
+            assert!(digits(h.ptr, h.ptr, false) == digits(gb.ptr, ub.ptr, true), "x_digits of the SwiGLU of gate and up rows differ from those of the swiglu kernel's output");
+        }
         // Odd cases add an addend (the shared expert's output) after the sum: the same
         // floats as the sum alone plus it, one f32 addition.
         let addend: Vec<f32> = (0..n).map(|_| r.uniform(-1.0, 1.0) as f32).collect();

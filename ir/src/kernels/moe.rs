@@ -62,10 +62,17 @@ pub fn router_weights<F: Real>(
 #[ds4_macros::kernel(out = "n")]
 pub fn swiglu<F: Real>(item: usize, out: &mut [F], g: &[F], u: &[F], n: usize, clamp: F) {
     'par: for i in 0..n {
-        let gv = g[item * n + i].min(clamp);
-        let uv = u[item * n + i].max(-clamp).min(clamp);
-        out[i] = gv / (F::one() + (-gv).exp()) * uv;
+        out[i] = swiglu_value(g[item * n + i], u[item * n + i], clamp);
     }
+}
+
+/// One clamped SwiGLU value (CUDA's `x_digits` renders it too, to take the digits of the
+/// routed experts' SwiGLU without making it first).
+#[ds4_macros::kernel_helper]
+fn swiglu_value<F: Real>(g: F, u: F, clamp: F) -> F {
+    let gv = g.min(clamp);
+    let uv = u.max(-clamp).min(clamp);
+    gv / (F::one() + (-gv).exp()) * uv
 }
 
 /// The routed experts' output of one token from per-pick rows: `Σ_jp wts[jp] · y[jp]`

@@ -390,9 +390,21 @@ impl GpuExecutor<'_> {
     }
 
     /// x's digits (`len` floats at `x`): the digit planes, the scales and the sums.
-    fn x_digits(&self, x: u64, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
+    /// `x`'s digits, or with `swiglu` (the up rows and the clamp) those of the clamped
+    /// SwiGLU of the gate rows `x` and the up rows, which is then never made.
+    fn x_digits(&self, x: u64, len: usize, swiglu: Option<(u64, f32)>) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
         let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(len))?, self.dev.alloc(len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(len / cuda_digits::SUM_SPAN * 4)?);
-        let named = [("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x)), ("k", Arg::U64(len as u64))];
+        let (u, clamp) = swiglu.unwrap_or((self.dummy.ptr, 0.0));
+        let named = [
+            ("xd", Arg::Ptr(xd.ptr)),
+            ("xs", Arg::Ptr(xs.ptr)),
+            ("xsum", Arg::Ptr(xsum.ptr)),
+            ("x", Arg::Ptr(x)),
+            ("u", Arg::Ptr(u)),
+            ("k", Arg::U64(len as u64)),
+            ("clamp", Arg::F32(clamp)),
+            ("swiglu", Arg::U64(swiglu.is_some() as u64)),
+        ];
         self.call(cuda_digits::X_DIGITS, (cuda_digits::x_digits_blocks(len) as u32, 1), &named)?;
         Ok((xd, xs, xsum))
     }
@@ -405,7 +417,7 @@ impl GpuExecutor<'_> {
         if gate.ty != up.ty || !cuda_digits::gate_up_fits(gate.ty, n, k) || !self.digits_on(cuda_digits::MATVEC_IQ2_XXS) {
             return Ok(false);
         }
-        let (xd, xs, _) = self.x_digits(x, k)?;
+        let (xd, xs, _) = self.x_digits(x, k, None)?;
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out_g", Arg::Ptr(gb.ptr)),
@@ -424,17 +436,20 @@ impl GpuExecutor<'_> {
         Ok(true)
     }
 
-    /// A decode token's expert down (`picks` experts of `n` rows of `k`, x a row per pick),
-    /// summed over the picks with their weights, as one integer launch where it can run so
-    /// (Q2_K, whole blocks): false where not.
-    /// `addend`: n floats added to the sum, one f32 addition (the graph's `Add` of the
-    /// shared expert: `fusion_plan.rs`).
+    /// Whether a decode token's expert down (`picks` experts of `n` rows of `k`) can run
+    /// as one integer launch (Q2_K, whole blocks): `digits_down`.
+    fn digits_down_fits(&self, down: &DeviceTensor, n: usize, k: usize, picks: usize) -> bool {
+        cuda_digits::down_fits(down.ty, n, k, picks) && self.digits_on(cuda_digits::MATVEC_Q2_K)
+    }
+
+    /// A decode token's expert down (`picks` experts of `n` rows of `k`, x a row per pick:
+    /// the SwiGLU of the gate rows `g` and the up rows `u` with clamp `clamp`, which its
+    /// digits are taken of), summed over the picks with their weights, as one integer
+    /// launch (`digits_down_fits`). `addend`: n floats added to the sum, one f32 addition
+    /// (the graph's `Add` of the shared expert: `fusion_plan.rs`).
     #[allow(clippy::too_many_arguments)]
-    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, x: u64, sel: u64, wts: u64, addend: Option<u64>, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
-        if !cuda_digits::down_fits(down.ty, n, k, picks) || !self.digits_on(cuda_digits::MATVEC_Q2_K) {
-            return Ok(false);
-        }
-        let (xd, xs, xsum) = self.x_digits(x, picks * k)?;
+    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, n: usize, k: usize, picks: usize) -> Result<(), ExecError> {
+        let (xd, xs, xsum) = self.x_digits(g, picks * k, Some((u_rows, clamp)))?;
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out", Arg::Ptr(out.ptr)),
@@ -453,7 +468,7 @@ impl GpuExecutor<'_> {
         ];
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
-        Ok(true)
+        Ok(())
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -817,31 +832,34 @@ impl GpuExecutor<'_> {
                             self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
                         }
                     }
-                    let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
-                    let GVal::F(h) = h else { unreachable!() };
-                    // Per token: Σ over picks of weight · down(h).
-                    match &groups {
-                        Some((idx, gexp, n_groups)) => {
-                            let y = self.dev.alloc(t * k * d * 4)?;
-                            self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups, None)?;
-                            self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
+                    // A decode's integer down takes the digits of the SwiGLU, made by
+                    // `x_digits` from the gate and up rows: the SwiGLU is never made.
+                    if groups.is_none() && t == 1 && self.digits_down_fits(down, d, ff, k) {
+                        let out = self.dev.alloc(n_out * 4)?;
+                        // The graph's add of the shared expert, which this node's only
+                        // reader is, folded into the integer down (`fusion_plan.rs`).
+                        let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match vals.get(&other.index()) {
+                            Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
+                            _ => None,
+                        });
+                        self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), d, ff, k)?;
+                        let value = GVal::F(DevSlice::whole(out, n_out));
+                        match add {
+                            Some((add, _)) => fused(&mut made, vec![(add.index(), value)]),
+                            None => value,
                         }
-                        None => {
-                            let out = self.dev.alloc(n_out * 4)?;
-                            // The graph's add of the shared expert, which this node's only
-                            // reader is, folded into the integer down (`fusion_plan.rs`).
-                            let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match vals.get(&other.index()) {
-                                Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
-                                _ => None,
-                            });
-                            if t == 1 && self.digits_down(&out, down, h.ptr(), sel, wts, add.map(|(_, p)| p), d, ff, k)? {
-                                if let Some((add, _)) = add {
-                                    made.insert(add.index(), GVal::F(DevSlice::whole(out, n_out)));
-                                    GVal::Freed
-                                } else {
-                                    GVal::F(DevSlice::whole(out, n_out))
-                                }
-                            } else {
+                    } else {
+                        let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
+                        let GVal::F(h) = h else { unreachable!() };
+                        // Per token: Σ over picks of weight · down(h).
+                        match &groups {
+                            Some((idx, gexp, n_groups)) => {
+                                let y = self.dev.alloc(t * k * d * 4)?;
+                                self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups, None)?;
+                                self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
+                            }
+                            None => {
+                                let out = self.dev.alloc(n_out * 4)?;
                                 self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
                                 GVal::F(DevSlice::whole(out, n_out))
                             }
