@@ -69,6 +69,23 @@ impl Graph {
         self.outputs.iter().any(|(_, o)| *o == id)
     }
 
+    /// The one node that reads `id`, where `id` has exactly one reader and is no graph
+    /// output (a value an executor may fuse away).
+    pub fn only_reader(&self, id: NodeId) -> Option<NodeId> {
+        match self.consumers(id)[..] {
+            [r] if !self.is_output(id) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The tensor name of weight node `id` (None for any other node).
+    pub fn weight_name(&self, id: NodeId) -> Option<&str> {
+        match &self.node(id).op {
+            Op::Weight { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
     pub fn mark_output(&mut self, name: impl Into<String>, id: NodeId) {
         self.outputs.push((name.into(), id));
     }

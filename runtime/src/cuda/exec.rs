@@ -74,10 +74,7 @@ fn fused(made: &mut HashMap<usize, GVal>, ahead: Vec<(usize, GVal)>) -> GVal {
 
 /// The weight a MatMul node reads (its input 1).
 fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
-    match &g.node(g.inputs(id)[1]).op {
-        Op::Weight { name, .. } => Ok(name.clone()),
-        _ => Err(ExecError::Internal(format!("{}: a matmul's weight is not a weight node", g.node(id).label))),
-    }
+    g.weight_name(g.inputs(id)[1]).map(str::to_string).ok_or_else(|| ExecError::Internal(format!("{}: a matmul's weight is not a weight node", g.node(id).label)))
 }
 
 /// A RoPE launch's frequencies, position base and multiplier, and sign (`rope_args`).
@@ -305,9 +302,9 @@ impl GpuExecutor<'_> {
             return Ok(None);
         }
         let w = match c.weight {
-            Some(id) => match &self.graph.node(id).op {
-                Op::Weight { name, .. } => Some(self.weights.vector(name)?.ptr),
-                _ => return Ok(None),
+            Some(id) => match self.graph.weight_name(id) {
+                Some(name) => Some(self.weights.vector(name)?.ptr),
+                None => return Ok(None),
             },
             None => None,
         };

@@ -56,7 +56,7 @@ impl FusionPlan {
                     plan.rope_keys.insert(i, freq_key(inv_freq));
                 }
                 Op::Attention { .. } => {
-                    if let Some(r) = only_reader(g, id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
+                    if let Some(r) = g.only_reader(id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
                         plan.attention_rope.insert(i, r);
                     }
                 }
@@ -100,17 +100,9 @@ impl FusionPlan {
     }
 }
 
-/// The one reader of `id`, where `id` is no graph output.
-fn only_reader(g: &Graph, id: NodeId) -> Option<NodeId> {
-    match g.consumers(id)[..] {
-        [r] if !g.is_output(id) => Some(r),
-        _ => None,
-    }
-}
-
 /// The `Add` reading only `moe` (no graph output) with another input made earlier.
 fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
-    let add = only_reader(g, moe)?;
+    let add = g.only_reader(moe)?;
     if !matches!(g.node(add).op, Op::Add) {
         return None;
     }

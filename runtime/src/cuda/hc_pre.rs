@@ -24,21 +24,11 @@ pub struct HcPreChain {
     pub norm: Option<(NodeId, String, f32)>,
 }
 
-fn weight_name(g: &Graph, id: NodeId) -> Option<String> {
-    match &g.node(id).op {
-        Op::Weight { name, .. } => Some(name.clone()),
-        _ => None,
-    }
-}
-
 /// The chain that starts at `norm`, if the graph has one there: a plain RMS norm of a
 /// reshape of the streams `r`, read only by a mat-vec, read only by a mix, which a
 /// collapse of `r` reads. None of the skipped values is a graph output.
 pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
-    let only = |id: NodeId| -> Option<NodeId> {
-        let c = g.consumers(id);
-        (c.len() == 1 && !g.is_output(id)).then(|| c[0])
-    };
+    let only = |id: NodeId| g.only_reader(id);
     if !matches!(g.node(norm).op, Op::RmsNormPlain { .. }) {
         return None;
     }
@@ -58,10 +48,10 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
     }
     let collapse = g.consumers(mix).into_iter().find(|&c| matches!(g.node(c).op, Op::HcCollapse { nh: n } if n == nh) && g.inputs(c) == [r, mix])?;
     let norm = only(collapse).and_then(|a| match g.node(a).op {
-        Op::RmsNorm { eps } if g.inputs(a)[0] == collapse => Some((a, weight_name(g, g.inputs(a)[1])?, eps)),
+        Op::RmsNorm { eps } if g.inputs(a)[0] == collapse => Some((a, g.weight_name(g.inputs(a)[1])?.to_string(), eps)),
         _ => None,
     });
-    Some(HcPreChain { proj, mix, collapse, w: weight_name(g, pin[1])?, scale: weight_name(g, min[1])?, base: weight_name(g, min[2])?, nh, iters, eps_mix: eps, norm })
+    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm })
 }
 
 #[cfg(test)]

@@ -29,11 +29,7 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<NormRopeChain> {
         Op::RmsNormPlain { eps } => (None, eps),
         _ => return None,
     };
-    // The one reader of `id`, where `id` is no graph output.
-    let only = |id: NodeId| -> Option<NodeId> {
-        let readers = g.consumers(id);
-        (!g.is_output(id) && readers.len() == 1).then(|| readers[0])
-    };
+    let only = |id: NodeId| g.only_reader(id);
     let mut skipped = Vec::new();
     let mut at = norm;
     let rope = loop {

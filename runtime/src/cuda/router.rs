@@ -29,14 +29,14 @@ pub fn chain_at(g: &Graph, scores: NodeId) -> Option<RouterChain> {
     let readers = g.consumers(scores);
     let biased = *readers.iter().find(|&&c| matches!(g.node(c).op, Op::RouterBiased))?;
     let weights = *readers.iter().find(|&&c| matches!(g.node(c).op, Op::RouterWeights { .. }))?;
-    if readers.len() != 2 || g.inputs(biased)[0] != scores || g.is_output(biased) {
+    if readers.len() != 2 || g.inputs(biased)[0] != scores {
         return None;
     }
-    let [top_k] = g.consumers(biased)[..] else { return None };
+    let top_k = g.only_reader(biased)?;
     let Op::TopK { k } = g.node(top_k).op else { return None };
     let Op::RouterWeights { scale, normalize } = g.node(weights).op else { return None };
-    let Op::Weight { name: bias, .. } = &g.node(*g.inputs(biased).get(1)?).op else { return None };
-    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias: bias.clone(), top_k, weights, k, scale, normalize })
+    let bias = g.weight_name(*g.inputs(biased).get(1)?)?.to_string();
+    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias, top_k, weights, k, scale, normalize })
 }
 
 #[cfg(test)]
