@@ -19,6 +19,11 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// `n` floats drawn uniformly from lo..hi (`Rng::f32_floats`, as f32).
+fn f32s(r: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<f32> {
+    r.f32_floats(n, lo, hi).iter().map(|&v| v as f32).collect()
+}
+
 fn seed() -> u64 {
     std::env::var("DS4_CUDA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
@@ -606,7 +611,6 @@ fn norm_rope_matches_the_chain_it_fuses() {
         let sign = if case == 6 { -1.0f32 } else { 1.0 };
         let fp8 = weighted && case != 7;
         let n_nope = n - n_rot;
-        let f32s = |r: &mut Rng, len: usize, lo: f64, hi: f64| -> Vec<f32> { r.f32_floats(len, lo, hi).iter().map(|&v| v as f32).collect() };
         let (x, w, freq) = (f32s(&mut r, rows * n, -40.0, 40.0), f32s(&mut r, n, 0.5, 1.5), f32s(&mut r, n_rot / 2, 1e-4, 1.0));
         let (xb, wb, fb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap(), dev.upload(&freq).unwrap());
         let eps = 1e-6f32;
@@ -658,7 +662,7 @@ fn matvec_f16_vec_matches_the_f64_product() {
     for &(n, k, ng) in &[(7, 64, 7), (12, 128, 4), (256, 4096, 256), (2048, 4096, 2048), (8192, 1024, 8192)] {
         assert!(cuda_f16_vec::fits(n, k, ng, 1, false));
         let w: Vec<u16> = (0..n * k).map(|_| ds4_ir::quant::rt::f16::from_f32(r.uniform(-1.0, 1.0) as f32).to_bits()).collect();
-        let x: Vec<f32> = (0..(n / ng) * k).map(|_| r.uniform(-4.0, 4.0) as f32).collect();
+        let x: Vec<f32> = f32s(&mut r, (n / ng) * k, -4.0, 4.0);
         let (wb, xb, out) = (dev.upload(&w).unwrap(), dev.upload(&x).unwrap(), dev.alloc(n * 4).unwrap());
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(ng)];
         launch(&dev, &kl.func, (cuda_f16_vec::blocks(n), 1, 1), (kl.threads, 1, 1), 0, &args).unwrap();
@@ -707,7 +711,7 @@ fn digits_down_matches_the_f64_product() {
             }
         }
         let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
-        let wts: Vec<f32> = (0..picks).map(|_| r.uniform(0.1, 1.5) as f32).collect();
+        let wts: Vec<f32> = f32s(&mut r, picks, 0.1, 1.5);
         let len = picks * k;
         let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
         let (wb, xb, sb, wtb, out) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap(), dev.alloc(n * 4).unwrap());
@@ -715,7 +719,7 @@ fn digits_down_matches_the_f64_product() {
         // The digits of a SwiGLU made by `x_digits` from gate and up rows (`swiglu` 1): the
         // same bytes and floats as the `swiglu` op kernel's output taken apart.
         {
-            let (g, up): (Vec<f32>, Vec<f32>) = ((0..len).map(|_| r.uniform(-12.0, 12.0) as f32).collect(), (0..len).map(|_| r.uniform(-12.0, 12.0) as f32).collect());
+            let (g, up): (Vec<f32>, Vec<f32>) = (f32s(&mut r, len, -12.0, 12.0), f32s(&mut r, len, -12.0, 12.0));
             let (gb, ub, clamp) = (dev.upload(&g).unwrap(), dev.upload(&up).unwrap(), 7.0f32);
             let h = dev.alloc(len * 4).unwrap();
             let sk = ks.get("swiglu").unwrap();
@@ -730,7 +734,7 @@ fn digits_down_matches_the_f64_product() {
         }
         // Odd cases add an addend (the shared expert's output) after the sum: the same
         // floats as the sum alone plus it, one f32 addition.
-        let addend: Vec<f32> = (0..n).map(|_| r.uniform(-1.0, 1.0) as f32).collect();
+        let addend: Vec<f32> = f32s(&mut r, n, -1.0, 1.0);
         let (ab, has_addend) = (dev.upload(&addend).unwrap(), case % 2 == 1);
         let run = |out: &ds4_runtime::cuda::DeviceBuf, with: bool| {
             let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), Arg::Ptr(ab.ptr), u(n), u(k), u(rb), u(picks), u(with as usize)];
@@ -778,8 +782,8 @@ fn router_select_matches_the_chain_it_fuses() {
         let tokens = 1 + case % 3;
         let normalize = case % 2 == 1;
         let scale = r.uniform(0.5, 3.0) as f32;
-        let logits: Vec<f32> = r.f32_floats(tokens * n, -30.0, 30.0).iter().map(|&v| v as f32).collect();
-        let bias: Vec<f32> = r.f32_floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let logits: Vec<f32> = f32s(&mut r, tokens * n, -30.0, 30.0);
+        let bias: Vec<f32> = f32s(&mut r, n, -1.0, 1.0);
         let (lb, bb) = (dev.upload(&logits).unwrap(), dev.upload(&bias).unwrap());
         // The fused launch.
         let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
@@ -837,7 +841,7 @@ fn attention_merge_rope_matches_merge_then_rope() {
     for (tokens, heads, hd, n_rot, nc) in [(1, 1, 4, 2, 1), (2, 3, 18, 8, 5), (1, 64, 512, 64, 32), (3, 4, 512, 512, cuda_attention_merge::MAX_CHUNKS)] {
         let items = tokens * heads;
         let part: Vec<f32> = (0..items * nc * (hd + 2)).map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && i % 3 == 0 { f32::NEG_INFINITY } else { r.uniform(0.0, 2.0) as f32 }).collect();
-        let freq: Vec<f32> = (0..n_rot / 2).map(|_| r.uniform(1e-4, 1.0) as f32).collect();
+        let freq: Vec<f32> = f32s(&mut r, n_rot / 2, 1e-4, 1.0);
         let (pb, fb) = (dev.upload(&part).unwrap(), dev.upload(&freq).unwrap());
         let (pos_base, sign) = (r.range(0, 100000), -1.0f32);
         // The merge, then the RoPE.
@@ -912,7 +916,6 @@ fn hc_pre_matches_the_chain_it_fuses() {
         let nh = if case == 5 { 5 } else { 4 };
         let (d, tokens, iters) = (4 * r.range(16, 1025), r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
         let (n, mw) = (nh * d, 2 * nh + nh * nh);
-        let f32s = |r: &mut Rng, len: usize, lo: f64, hi: f64| -> Vec<f32> { r.f32_floats(len, lo, hi).iter().map(|&v| v as f32).collect() };
         let (x, wf, scale, base) = (f32s(&mut r, tokens * n, -3.0, 3.0), f32s(&mut r, mw * n, -0.05, 0.05), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
         let mut w = vec![0u8; mw * n * 2];
         ds4_ir::quant::quantize_row(ds4_ir::GgmlType::F16, &wf, &mut w).unwrap();
@@ -976,8 +979,7 @@ fn attention_tiled_time_at_full_size_prefill() {
     let ks = Kernels::compile(&dev, &set).expect("attention kernels compile with NVRTC");
     let (t, heads, hd, window, n_comp, k_sel) = (2048usize, 64usize, 512usize, 128usize, 512usize, 512usize);
     let mut r = Rng(seed());
-    let f32s = |r: &mut Rng, n: usize| -> Vec<f32> { r.f32_floats(n, -1.0, 1.0).iter().map(|&v| v as f32).collect() };
-    let (q, win, comp, sinks) = (f32s(&mut r, t * heads * hd), f32s(&mut r, t * hd), f32s(&mut r, n_comp * hd), f32s(&mut r, heads));
+    let (q, win, comp, sinks) = (f32s(&mut r, t * heads * hd, -1.0, 1.0), f32s(&mut r, t * hd, -1.0, 1.0), f32s(&mut r, n_comp * hd, -1.0, 1.0), f32s(&mut r, heads, -1.0, 1.0));
     let sel: Vec<i32> = (0..t * k_sel).map(|i| if i % k_sel < (i / k_sel + 1) / 4 { r.range(0, (i / k_sel + 1) / 4) as i32 } else { -1 }).collect();
     let (qb, wb, cb, sb, selb) = (dev.upload(&q).unwrap(), dev.upload(&win).unwrap(), dev.upload(&comp).unwrap(), dev.upload(&sinks).unwrap(), dev.upload(&sel).unwrap());
     let rows: usize = (0..t).map(|p| (p + 1).min(window) + ((p + 1) / 4).min(k_sel)).sum();
@@ -1019,7 +1021,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         }
         let (rows, m) = (r.range(1, 100), r.range(1, 4));
         let k = t.block_elems() * r.range(1, 5);
-        let src = r.f32_floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let src = f32s(&mut r, rows * k, -2.0, 2.0);
         let rb = t.bytes_for(k as u64).unwrap() as usize;
         let mut bytes = vec![0u8; rows * rb];
         for i in 0..rows {
@@ -1040,7 +1042,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
             exact &= gpu[j * k..(j + 1) * k].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
         }
         // matvec: m tokens against every row.
-        let x = r.f32_floats(m * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let x = f32s(&mut r, m * k, -1.0, 1.0);
         let xb = dev.upload(&x).unwrap();
         let mv_out = dev.alloc(m * rows * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
@@ -1067,7 +1069,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         // The two prefill matmuls: SIMT (TOKENS tokens per block) and tensor cores
         // (MMA_ROWS × MMA_TOKENS tiles; used only where a tile stays in one row group).
         let m2 = r.range(2, 80);
-        let x2 = r.f32_floats(m2 * 2 * k, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let x2 = f32s(&mut r, m2 * 2 * k, -1.0, 1.0);
         let x2b = dev.upload(&x2).unwrap();
         let (mut worst_mm, mut worst_listed, mut max_slices) = ([0f64; 2], 0f64, 1usize);
         for kind in [QuantKernelKind::MatMul, QuantKernelKind::MatMulMma] {
@@ -1184,7 +1186,7 @@ fn matvec_on_aligned_rows_with_picks() {
         let n = if many { (ds4_runtime::cuda::matvec_split_below(t) as usize + r.range(0, 64)).next_multiple_of(groups) } else if grouped { r.range(512, 1500) } else { r.range(1, 70) };
         let ng = n / groups;
         let (experts, tokens, picks) = (if grouped { r.range(1, 3) } else { r.range(1, 5) }, r.range(1, 3), r.range(1, 4));
-        let src: Vec<f32> = r.f32_floats(experts * n * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
+        let src: Vec<f32> = f32s(&mut r, experts * n * k, -2.0, 2.0);
         let mut bytes = vec![0u8; experts * n * rb];
         for i in 0..experts * n {
             ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
@@ -1195,9 +1197,9 @@ fn matvec_on_aligned_rows_with_picks() {
         }
         // x has a row per (token, pick) (x_div = 1), as the experts' gate/up mat-vec reads,
         // and per row group.
-        let x: Vec<f32> = r.f32_floats(tokens * picks * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let x: Vec<f32> = f32s(&mut r, tokens * picks * groups * k, -1.0, 1.0);
         let sel: Vec<i32> = (0..tokens * picks).map(|_| r.range(0, experts) as i32).collect();
-        let wts: Vec<f32> = r.f32_floats(tokens * picks, 0.1, 1.5).iter().map(|&v| v as f32).collect();
+        let wts: Vec<f32> = f32s(&mut r, tokens * picks, 0.1, 1.5);
         let (w, xb, sb, wb) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap());
         let out = dev.alloc(tokens * n * 4).unwrap();
         let mv = ks.get(&kernel_name(QuantKernelKind::MatVec, t)).unwrap();
