@@ -1,5 +1,6 @@
-//! The fused launches a graph offers, found once per graph (when a session starts) rather
-//! than at every candidate node of every decode step: the hyper-connection pre chains
+//! The fused launches a graph offers, found once per graph (the backend keeps the model's
+//! graphs' plans; a session with a graph of its own makes one) rather than at every
+//! candidate node of every decode step: the hyper-connection pre chains
 //! (`hc_pre.rs`), the norm-RoPE chains (`norm_rope.rs`) and the routing chains
 //! (`router.rs`), each by the node where its launch goes; the `Add` after the routed
 //! experts that the integer down projection makes (`moe_add`); the RoPE that the attention

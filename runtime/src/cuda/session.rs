@@ -41,6 +41,8 @@ pub struct CudaBackend<'m> {
     hc_counters: DeviceBuf,
     /// RoPE frequency tables uploaded once (keyed by their bits).
     freqs: super::exec::FreqCache,
+    /// The fused launches of the model's four graphs (`fusion_plan.rs`), found once.
+    plans: Vec<(&'m Graph, Arc<FusionPlan>)>,
 }
 
 impl<'m> CudaBackend<'m> {
@@ -59,7 +61,16 @@ impl<'m> CudaBackend<'m> {
         let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
         let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
-        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, hc_counters, freqs: Default::default() }))
+        let plans = [&model.graph, &model.graph_last, &model.graph_plain, &model.graph_plain_last].into_iter().map(|g| (g, Arc::new(FusionPlan::of(g)))).collect();
+        Ok(Arc::new(CudaBackend { model, dev, kernels, weights, dummy, hc_counters, freqs: Default::default(), plans }))
+    }
+
+    /// The fused launches of `g`: found at load for the model's graphs, else now.
+    fn plan_for(&self, g: &Graph) -> Arc<FusionPlan> {
+        match self.plans.iter().find(|(m, _)| std::ptr::eq(*m, g)) {
+            Some((_, p)) => p.clone(),
+            None => Arc::new(FusionPlan::of(g)),
+        }
     }
 
     /// Device name and compute capability, for reports.
@@ -75,8 +86,8 @@ pub struct CudaSession<'m> {
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
     /// The fused launches of `graph` and of `graph_last` (`fusion_plan.rs`).
-    plan: FusionPlan,
-    plan_last: Option<FusionPlan>,
+    plan: Arc<FusionPlan>,
+    plan_last: Option<Arc<FusionPlan>>,
     state: SessionState<DeviceLog>,
     pos: usize,
     opts: SessionOptions,
@@ -92,7 +103,7 @@ impl<'m> CudaSession<'m> {
         let (graph, last) = if opts.plain { (&model.graph_plain, &model.graph_plain_last) } else { (&model.graph, &model.graph_last) };
         let mut s = CudaSession::with_graph(backend, Cow::Borrowed(graph), opts);
         s.graph_last = Some(last);
-        s.plan_last = Some(FusionPlan::of(last));
+        s.plan_last = Some(s.backend.plan_for(last));
         s
     }
 
@@ -100,7 +111,7 @@ impl<'m> CudaSession<'m> {
     /// model's graphs', whose kernels the backend compiled).
     pub fn with_graph(backend: Arc<CudaBackend<'m>>, graph: Cow<'m, Graph>, opts: SessionOptions) -> Self {
         let state = SessionState::new(graph.n_slots, opts.max_rewind);
-        let plan = FusionPlan::of(&graph);
+        let plan = backend.plan_for(&graph);
         CudaSession { backend, graph, graph_last: None, plan, plan_last: None, state, pos: 0, opts }
     }
 
@@ -139,8 +150,8 @@ impl<'m> CudaSession<'m> {
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
         let b = &self.backend;
         let (graph, plan) = match (last_only, self.graph_last, &self.plan_last) {
-            (true, Some(g), Some(p)) => (g, p),
-            _ => (&*self.graph, &self.plan),
+            (true, Some(g), Some(p)) => (g, &**p),
+            _ => (&*self.graph, &*self.plan),
         };
         let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs };
         let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
