@@ -33,6 +33,17 @@ pub struct Cuda {
     pub sm: u32,
 }
 
+impl Cuda {
+    /// The dialect of a CUDA target (None for the others).
+    pub fn of(target: crate::Target) -> Option<Cuda> {
+        match target {
+            crate::Target::CudaSm90 => Some(Cuda { sm: 90 }),
+            crate::Target::CudaSm120 => Some(Cuda { sm: 120 }),
+            _ => None,
+        }
+    }
+}
+
 /// CUDA names a body's local could collide with (besides `CXX_KEYWORDS`), plus the functions
 /// this dialect calls (a local `expf` would hide `expf()`).
 const RESERVED: &[&str] = &[
@@ -305,12 +316,7 @@ pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
 /// entry point `name` with `contract`'s parameters under `__launch_bounds__(bounds)`, and
 /// `body`. None for the targets that are not CUDA.
 pub(crate) fn text_kernel(target: crate::Target, name: &str, file: &str, preamble: &str, bounds: &str, contract: &Kernel, body: &str) -> Option<String> {
-    use crate::Target;
-    let sm = match target {
-        Target::CudaSm90 => 90,
-        Target::CudaSm120 => 120,
-        _ => return None,
-    };
+    let sm = Cuda::of(target)?.sm;
     let mut s = format!("// {name}: written as CUDA text in ds4-codegen ({file}), target cuda-sm{sm}.\n");
     s.push_str("typedef unsigned long long usize;\n");
     s.push_str(preamble);

@@ -154,11 +154,7 @@ fn whole(ty: GgmlType, n: usize, k: usize) -> bool {
 /// rendered from its IR: the routed experts' down reads the digits of their SwiGLU, which
 /// is then never made (the same floats as `swiglu` then `x_digits`).
 pub fn x_digits_source(target: Target) -> Option<String> {
-    let sm = match target {
-        Target::CudaSm90 => 90,
-        Target::CudaSm120 => 120,
-        _ => return None,
-    };
+    let cuda = crate::cuda::Cuda::of(target)?;
     let swiglu = ds4_ir::kernels::all().into_iter().find(|k| k.name == "swiglu").expect("swiglu is an op kernel");
     Some(format!(
         r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
@@ -190,7 +186,7 @@ pub fn x_digits_source(target: Target) -> Option<String> {
     if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
 }}
 "#,
-        helpers = crate::render::render_helpers(&crate::cuda::Cuda { sm }, &swiglu),
+        helpers = crate::render::render_helpers(&cuda, &swiglu),
         entry = crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
     ))
 }

@@ -72,15 +72,11 @@ pub fn shared_bytes(n: usize) -> u32 {
 /// The CUDA source (None for the targets that are not CUDA). Launch: grid [rows, 1, 1],
 /// the norm's threads, [`shared_bytes`].
 pub fn source(target: Target) -> Option<String> {
-    let sm = match target {
-        Target::CudaSm90 => 90,
-        Target::CudaSm120 => 120,
-        _ => return None,
-    };
+    let cuda = crate::cuda::Cuda::of(target)?;
     let fp8 = ds4_ir::kernels::all().into_iter().find(|k| k.name == "fp8_roundtrip").expect("fp8_roundtrip is an op kernel");
     let mut s = format!("// {NAME}: an RMS norm, RoPE and the FP8 round trip of a row in one launch (codegen/src/cuda_norm_rope.rs).\n\n");
     s.push_str(crate::cuda::BLOCK_SUM);
-    s.push_str(&crate::render::render_helpers(&crate::cuda::Cuda { sm }, &fp8));
+    s.push_str(&crate::render::render_helpers(&cuda, &fp8));
     s.push_str(ROPE_ROW);
     s.push_str(&format!(
         r#"

@@ -133,8 +133,7 @@ pub fn stages_output(kernel: &Kernel, target: Target) -> bool {
 pub fn render(kernel: &Kernel, target: Target) -> String {
     match target {
         Target::Cpu => render::render_kernel(&cpu::Cpu, kernel),
-        Target::CudaSm90 => render::render_kernel(&cuda::Cuda { sm: 90 }, kernel),
-        Target::CudaSm120 => render::render_kernel(&cuda::Cuda { sm: 120 }, kernel),
+        Target::CudaSm90 | Target::CudaSm120 => render::render_kernel(&cuda::Cuda::of(target).expect("a CUDA target"), kernel),
         Target::Wgsl => render::render_kernel(&wgsl::Wgsl, kernel),
         Target::Metal => render::render_kernel(&metal::Metal, kernel),
     }
