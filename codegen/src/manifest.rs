@@ -143,6 +143,10 @@ impl KernelSet {
                     if matches!(node.op, Op::MatMul | Op::GroupedMatMul { .. }) && t == ds4_ir::GgmlType::F16 && target.is_cuda() {
                         set.cuda.entry(cuda_f16_vec::NAME).or_default().insert(node.op.name());
                     }
+                    // A decode token's mat-vecs over every row of Q8_0_R (quant/cuda_matvec_dense.rs).
+                    if matches!(node.op, Op::MatMul | Op::GroupedMatMul { .. }) && t == quant::cuda_matvec_dense::DENSE_TYPE && target.is_cuda() {
+                        set.cuda.entry(quant::cuda_matvec_dense::NAME).or_default().insert(node.op.name());
+                    }
                 }
             }
         }

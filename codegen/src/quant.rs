@@ -25,6 +25,7 @@
 
 pub(crate) mod cuda;
 mod cuda_matvec;
+pub mod cuda_matvec_dense;
 mod cuda_mma;
 pub mod cuda_split;
 mod metal;

@@ -6,9 +6,10 @@
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
 //! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
+//! `matvec_dense_q8_0_r` (generated from its quant declaration, CUDA's only),
 //! `attention_merge_rope`, `split_x_bf16x3`).
 
-use crate::quant::{cuda_split, QParam};
+use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
 use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
 use ds4_ir::kir::Kernel;
 
@@ -153,6 +154,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS),
             manifest_shared: 0,
             source: |t| cuda_only(t, cuda_f16_vec::source),
+        },
+        TextKernel {
+            name: cuda_matvec_dense::NAME,
+            params: TextParams::Own(cuda_matvec_dense::params()),
+            threads: cuda_matvec_dense::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1]", cuda_matvec_dense::DENSE_ROWS, cuda_matvec_dense::THREADS),
+            manifest_shared: (cuda_matvec_dense::THREADS / 32) * cuda_matvec_dense::DENSE_ROWS as u32 * 4,
+            source: cuda_matvec_dense::source,
         },
         TextKernel {
             name: cuda_norm_rope::NAME,

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -678,6 +678,62 @@ fn matvec_f16_vec_matches_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, groups of {ng}: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_f16_vec::NAME);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_f16_vec::NAME);
+    }
+}
+
+/// `matvec_dense_q8_0_r` (every row of Q8_0_R for each token, quant/cuda_matvec_dense.rs)
+/// against the f64 product of the de-quantized rows, to 1e-5 of Σ|w·x| as every mat-vec,
+/// and, where the generated `matvec_q8_0_r` takes a block per group of four rows (the
+/// same lanes over the same runs), bit for bit against it: a row count that leaves the
+/// last block short (its rows clamped, not written), row groups reading their own x, two
+/// tokens, and DeepSeek-V4-Flash's shapes at a shorter row.
+#[test]
+fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (dense, generated) = (ks.get(cuda_matvec_dense::NAME).unwrap(), ks.get(&kernel_name(QuantKernelKind::MatVec, ds4_ir::GgmlType::Q8_0R)).unwrap());
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for &(n, k, groups, tokens) in &[(1023usize, 256usize, 1usize, 1usize), (1536, 1024, 1, 1), (4096, 512, 1, 2), (8192, 768, 8, 1), (32768, 256, 1, 1)] {
+        let ng = n.div_ceil(groups);
+        assert!(cuda_matvec_dense::fits(ds4_ir::GgmlType::Q8_0R, n, k, tokens, groups, ng, 1, 1, false, false), "{n} × {k}");
+        let rb = ds4_ir::GgmlType::Q8_0R.bytes_for(k as u64).unwrap() as usize;
+        let src = f32s(&mut r, n * k, -2.0, 2.0);
+        let (mut q8, mut bytes) = (vec![0u8; n * rb], vec![0u8; n * rb]);
+        for i in 0..n {
+            ds4_ir::quant::quantize_row(ds4_ir::GgmlType::Q8_0, &src[i * k..][..k], &mut q8[i * rb..][..rb]).unwrap();
+        }
+        ds4_ir::quant::regroup_q8_0(&q8, &mut bytes).unwrap();
+        let mut wrows = vec![0f32; n * k];
+        ds4_ir::quant::dequantize_row(ds4_ir::GgmlType::Q8_0R, &bytes, &mut wrows).unwrap();
+        let x = f32s(&mut r, tokens * groups * k, -1.0, 1.0);
+        let (wb, xb, out, out_gen, dummy) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(256).unwrap());
+        let (gx, gy) = cuda_matvec_dense::grid(n, tokens);
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng)];
+        launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
+        let got: Vec<f32> = out.read(tokens * n).unwrap();
+        let mut worst = 0f64;
+        for t in 0..tokens {
+            for row in 0..n {
+                let xr = &x[(t * groups + row / ng) * k..][..k];
+                let (want, norm) = wrows[row * k..][..k].iter().zip(xr).fold((0f64, 0f64), |(a, m), (&w, &v)| (a + w as f64 * v as f64, m + (w as f64 * v as f64).abs()));
+                worst = worst.max((got[t * n + row] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        // The generated kernel on its block-per-group path, where it takes it.
+        let path = ds4_runtime::cuda::matvec_block_rows(ds4_ir::GgmlType::Q8_0R, n as u64, tokens as u64, groups as u64, ng as u64);
+        let same = if path == 4 {
+            let row_blocks = n.div_ceil(4);
+            let gargs = [Arg::Ptr(out_gen.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(n), u(k), u(rb), u(1), u(1), u(groups), u(ng), u(0), u(0), u(row_blocks)];
+            launch(&dev, &generated.func, (row_blocks as u32, tokens as u32, 1), (generated.threads, 1, 1), generated.dyn_shared, &gargs).unwrap();
+            let want: Vec<f32> = out_gen.read(tokens * n).unwrap();
+            Some(got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count())
+        } else {
+            None
+        };
+        println!("{}: {n} rows × {k} in {groups} groups, {tokens} tokens: worst |Δ|/Σ|w·x| {worst:.2e}; {}", cuda_matvec_dense::NAME, match same { Some(d) => format!("{d} values differ from the generated kernel's"), None => "the generated kernel takes another path".into() });
+        assert!(worst < 1e-5, "{}: off by {worst}", cuda_matvec_dense::NAME);
+        assert_eq!(same.unwrap_or(0), 0, "{}: not the generated block-per-group sums", cuda_matvec_dense::NAME);
     }
 }
 

@@ -462,7 +462,7 @@ impl Lower<'_> {
 /// The block's warps' sums for `rows` rows (`acc`, an array for more than one) added
 /// through shared memory `red` ([warps][rows]); thread r stores row `first` + r into
 /// `out`. Every warp of the block reaches it.
-fn warps_total(w: &mut dyn FnMut(usize, &str), depth: usize, red: &str, rows: u64, acc: &str, first: &str, out: &str) {
+pub(super) fn warps_total(w: &mut dyn FnMut(usize, &str), depth: usize, red: &str, rows: u64, acc: &str, first: &str, out: &str) {
     let at = |r: &str| if rows == 1 { acc.to_string() } else { format!("{acc}[{r}]") };
     w(depth, &format!("for (unsigned int r = 0u; r < {rows}u; r++) {{"));
     w(depth + 1, &format!("float v = {};", at("r")));
@@ -496,7 +496,7 @@ pub fn reads_in_place(ty: GgmlType) -> bool {
 }
 
 /// Names of the rows read in place on the direct path.
-const DIRECT_BUFS: [&str; MAX_ROWS_PER_WARP as usize] = ["ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3"];
+pub(super) const DIRECT_BUFS: [&str; MAX_ROWS_PER_WARP as usize] = ["ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3"];
 
 #[cfg(test)]
 mod tests {

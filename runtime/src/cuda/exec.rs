@@ -15,6 +15,7 @@ use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
+use ds4_codegen::quant::cuda_matvec_dense;
 use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
@@ -544,6 +545,11 @@ impl GpuExecutor<'_> {
         if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("ng", u(ng))];
             return self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named);
+        }
+        // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs).
+        if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x) % 16 == 0 && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
+            let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
+            return self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named);
         }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
         let named = [

@@ -1,0 +1,159 @@
+//! `matvec_dense_<type>`: a token's mat-vec over every row of a device layout read in
+//! place (Q8_0_R), in a kernel that does nothing else.
+//!
+//! The generated `matvec_q8_0_r` (`cuda_matvec.rs`) has one contract for every mat-vec:
+//! picks of selected experts with weights, 64-bit row arithmetic, three direct paths and
+//! the staged ones in one body. Its direct path's loop is this kernel's loop (the same
+//! `Lower::rows_runs`, the same reads), but around it the kernel holds more state: 72
+//! registers, so 7 blocks an SM where this kernel's 64 leave room for 8, and the
+//! decode step's launches of 1024-2048 blocks take a wave more. Here: one block of
+//! [`MATVEC_WARPS`] warps per group of [`DENSE_ROWS`] rows, the warps splitting the rows'
+//! runs, x loaded once for the rows, every index 32 bits, no picks.
+//!
+//! H200, back-to-back launches each on a matrix not in L2 (µs; a plain 16-byte read of the
+//! same bytes / the generated kernel / a standalone kernel of this shape, `nvcc`, not in
+//! the tree): `attn_q_a`+`attn_kv` (1536 × 4096) 4.6 / 6.4 / 5.6, the shared expert's
+//! gate+up (4096 × 4096) 7.3 / 10.9 / 8.5 and down (4096 × 2048) 5.1 / 7.6 / 6.1,
+//! `attn_q_b` (32768 × 1024) 11.4 / 16.3 / 15.4, `attn_output_a` (8 groups of 1024 × 4096)
+//! 11.4 / 16.5 / 13.2, `attn_output_b` (4096 × 8192) 11.4 / 17.7 / 13.1. Variants of the
+//! generated kernel measured on the way (none closed the gap): 32-bit loop bounds and x
+//! offsets, no staging buffer, `__ldg` loads, row addresses as 32-bit offsets, one path
+//! a kernel, 8 blocks an SM (64 registers: 14.8 on `attn_output_b`).
+//!
+//! The runtime (`runtime/src/cuda/exec.rs`, `matvec`) takes it where [`fits`] says and the
+//! weights are 16-byte aligned; `DS4_MATVEC_DENSE=0` turns it off. The sums are the
+//! generated kernel's, added in the same order within a lane (`cuda_kernels` holds it to
+//! the mat-vec bound).
+
+use super::cuda_matvec::{reads_in_place, warps_total, BLOCK_GROUPS_FROM, DIRECT_BUFS, MATVEC_WARPS, MIN_BLOCKS, RUN_UNROLL};
+use super::runs::{Token, Walk};
+use super::{BufElem, Lower, QParam, QuantGenError, Reads};
+use crate::Target;
+use ds4_ir::GgmlType;
+use std::fmt::Write;
+
+/// The device layout that has a dense kernel, and its name.
+pub const DENSE_TYPE: GgmlType = GgmlType::Q8_0R;
+pub const NAME: &str = "matvec_dense_q8_0_r";
+/// Rows a block takes (x loaded once for them).
+pub const DENSE_ROWS: u64 = 4;
+/// Threads a block.
+pub const THREADS: u32 = 32 * MATVEC_WARPS as u32;
+
+/// Parameters in launch order: out (m · n floats), the weights (n rows of `row_bytes`),
+/// x (token t's row group g at (t · groups + g) · k), rows, row length, bytes a row,
+/// row groups, rows a group.
+pub fn params() -> Vec<QParam> {
+    let b = |name, elem, mutable| QParam::Buffer { name, elem, mutable };
+    let s = |name| QParam::Scalar { name };
+    vec![b("out", BufElem::F32, true), b("w", BufElem::Bytes, false), b("x", BufElem::F32, false), s("n"), s("k"), s("row_bytes"), s("groups"), s("ng")]
+}
+
+/// Whether a mat-vec takes this kernel: weights of [`DENSE_TYPE`], every row once (no
+/// selection, no pick weights, one pick, each token its own x), a block's rows in one row
+/// group, rows of whole runs, and enough groups of rows to fill the GPU (fewer: the
+/// generated kernel's block per row). 32-bit indices must hold.
+#[allow(clippy::too_many_arguments)]
+pub fn fits(ty: GgmlType, n: usize, k: usize, m: usize, groups: usize, ng: usize, picks: usize, x_div: usize, selected: bool, weighted: bool) -> bool {
+    let rows = DENSE_ROWS as usize;
+    ty == DENSE_TYPE
+        && picks == 1
+        && x_div == 1
+        && !selected
+        && !weighted
+        && n > 0
+        && k.is_multiple_of(256)
+        && (groups == 1 || ng.is_multiple_of(rows))
+        && n.div_ceil(rows) * m >= BLOCK_GROUPS_FROM as usize
+        && (m * groups * k) < u32::MAX as usize
+        && ty.bytes_for(k as u64).is_some_and(|b| (b as usize) * rows < u32::MAX as usize)
+}
+
+/// The launch grid: a block per group of [`DENSE_ROWS`] rows, one row of blocks a token.
+pub fn grid(n: usize, m: usize) -> (u32, u32) {
+    (n.div_ceil(DENSE_ROWS as usize) as u32, m as u32)
+}
+
+/// The CUDA source (None on other targets, or if the type could not be lowered).
+pub fn source(target: Target) -> Option<String> {
+    if !target.is_cuda() {
+        return None;
+    }
+    let spec = ds4_ir::quant::spec(DENSE_TYPE)?;
+    debug_assert!(reads_in_place(DENSE_TYPE));
+    let syn = super::syntax(target)?;
+    let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Aligned, run_elem: None, dot: true };
+    let mut src = syn.prelude(NAME, spec);
+    src.push_str(&lower.helpers().ok()?);
+    src.push_str(&syn.kernel_open(NAME, &params(), 0, Some(MIN_BLOCKS)));
+    src.push_str(&lower.dense_body().ok()?);
+    src.push_str("}\n");
+    Some(src)
+}
+
+impl Lower<'_> {
+    /// After `kernel_open`: the block's rows, their runs walked by all its lanes, the
+    /// warps' sums added.
+    fn dense_body(&self) -> Result<String, QuantGenError> {
+        let rows = DENSE_ROWS;
+        let mut o = String::new();
+        let mut w = |depth: usize, text: &str| {
+            let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
+        };
+        for l in [
+            "const unsigned int lane = threadIdx.x & 31u;".to_string(),
+            "const unsigned int warp = threadIdx.x >> 5;".into(),
+            "const unsigned int k32 = (unsigned int)k;".into(),
+            "const unsigned int rb = (unsigned int)row_bytes;".into(),
+            "const unsigned int last = (unsigned int)n - 1u;".into(),
+            format!("const unsigned int g0 = blockIdx.x * {rows}u;"),
+            "const unsigned int xo = (blockIdx.y * (unsigned int)groups + g0 / (unsigned int)ng) * k32;".into(),
+            "const unsigned char* const ds4_wd0 = ds4_w + (unsigned long long)g0 * row_bytes;".into(),
+        ] {
+            w(1, &l);
+        }
+        // Rows past the last read the last one (a valid address; nothing stores them).
+        for (r, b) in DIRECT_BUFS.iter().enumerate().take(rows as usize).skip(1) {
+            w(1, &format!("const unsigned char* const {b} = ds4_wd0 + (g0 + {r}u < last ? {r}u : last - g0) * rb;"));
+        }
+        w(1, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
+        w(1, &format!("#pragma unroll {RUN_UNROLL}"));
+        let walk = Walk { first: "threadIdx.x", stride: &format!("{THREADS}u"), elems: "k32", bytes_at: "0u", x_at: "" };
+        for (d, l) in self.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "acc".into() }], &DIRECT_BUFS[..rows as usize])? {
+            w(1 + d, &l);
+        }
+        w(1, &format!("__shared__ float ds4_red[{MATVEC_WARPS}][{rows}];"));
+        warps_total(&mut w, 1, "ds4_red", rows, "acc", "g0", &self.syn.buffer("out"));
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dense kernel reads in place like the direct path (aligned words, one 16-bit
+    /// scale load, no funnel shift) with 32-bit loop bounds, and only on CUDA.
+    #[test]
+    fn dense_kernel_reads_in_place_with_32_bit_indices() {
+        let src = source(Target::CudaSm90).unwrap();
+        assert!(src.contains(&format!("extern \"C\" __global__ void __launch_bounds__({THREADS}, {MIN_BLOCKS}) {NAME}(")), "{src}");
+        assert!(!src.contains("__funnelshift_r"), "{src}");
+        assert!(src.contains("*(const unsigned int*)(ds4_wd3 + (ds4_ra0 + 4u))"), "{src}");
+        assert!(src.contains("u < k32 / 8u; u += 128u"), "{src}");
+        assert!(source(Target::Wgsl).is_none());
+    }
+
+    #[test]
+    fn fits_only_dense_launches_of_many_rows() {
+        let q = DENSE_TYPE;
+        assert!(fits(q, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
+        assert!(fits(q, 8192, 4096, 1, 8, 1024, 1, 1, false, false));
+        assert!(!fits(GgmlType::Q8_0, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
+        assert!(!fits(q, 4096, 8192, 1, 1, 4096, 6, 1, true, true), "expert picks");
+        assert!(!fits(q, 512, 4096, 1, 1, 512, 1, 1, false, false), "128 groups: a block per row fills more SMs");
+        assert!(!fits(q, 8190, 4096, 1, 3, 2730, 1, 1, false, false), "groups a block would straddle");
+        assert!(!fits(q, 4096, 100, 1, 1, 4096, 1, 1, false, false), "rows of part runs");
+        assert_eq!(grid(4097, 2), (1025, 2));
+    }
+}
