@@ -62,7 +62,13 @@ impl QuantSyntax for CudaQuant {
             4 => "unsigned int",
             _ => return None,
         };
-        Some(format!("((unsigned int)*(const {t}*)({buf} + ({addr})))"))
+        // A sum of offsets is added to the pointer term by term: pointer arithmetic may not
+        // wrap (a 32-bit sum may), so the compiler folds the constant terms into the load's
+        // immediate offset instead of an add per load (the dense Q8_0_R mat-vec:
+        // `quant/cuda_matvec_dense.rs`).
+        let addr = strip_parens(addr);
+        let sum = addr_is_sum(addr);
+        Some(if sum { format!("((unsigned int)*(const {t}*)({buf} + {addr}))") } else { format!("((unsigned int)*(const {t}*)({buf} + ({addr})))") })
     }
 
     fn for_header(&self, w: Word, var: &str, start: &str, end: &str, step: &str) -> String {
@@ -266,5 +272,57 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// `e` without parentheses that enclose all of it.
+fn strip_parens(mut e: &str) -> &str {
+    loop {
+        let t = e.trim();
+        let Some(inner) = t.strip_prefix('(').and_then(|r| r.strip_suffix(')')) else { return t };
+        // The first parenthesis must close at the end, not earlier: `(a) + (b)`.
+        let mut depth = 0i32;
+        let encloses = t.char_indices().all(|(i, c)| {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            depth > 0 || i == t.len() - 1
+        });
+        if !encloses {
+            return t;
+        }
+        e = inner;
+    }
+}
+
+/// Whether `e`, outside parentheses, only adds and multiplies (so `p + e` is the same
+/// address as `p + (e)` where the sum does not wrap).
+fn addr_is_sum(e: &str) -> bool {
+    let mut depth = 0i32;
+    e.chars().all(|c| {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        depth > 0 || c.is_ascii_alphanumeric() || matches!(c, '_' | ' ' | '+' | '*' | '(' | ')')
+    })
+}
+
+#[cfg(test)]
+mod addr_tests {
+    use super::*;
+
+    #[test]
+    fn sums_of_offsets_are_added_term_by_term() {
+        assert_eq!(strip_parens("((a + 1u))"), "a + 1u");
+        assert_eq!(strip_parens("(a) + (b)"), "(a) + (b)");
+        assert!(addr_is_sum("ds4_blk + 0u + ((unsigned int)s) * 2u"));
+        assert!(!addr_is_sum("a - 1u"));
+        assert!(!addr_is_sum("a >> 2"));
+        assert!(!addr_is_sum("c ? a : b"));
+        assert!(addr_is_sum("(a - 1u) * 4u"), "inside parentheses anything goes");
     }
 }

@@ -524,8 +524,8 @@ mod tests {
         let direct = &k.source[k.source.find("if (vectors) {").unwrap()..];
         let direct = &direct[..direct.find("return;\n    }").unwrap()];
         assert!(!direct.contains("__funnelshift_r"), "{direct}");
-        assert!(direct.contains("*(const unsigned int*)(ds4_wd0 + (ds4_ra0 + 0u))"), "{direct}");
-        assert!(direct.contains("*(const unsigned short*)(ds4_wd0 + ((ds4_blk + 0u + ((unsigned int)s) * 2u)))"), "{direct}");
+        assert!(direct.contains("*(const unsigned int*)(ds4_wd0 + ds4_ra0 + 0u)"), "{direct}");
+        assert!(direct.contains("*(const unsigned short*)(ds4_wd0 + ds4_blk + 0u + ((unsigned int)s) * 2u)"), "{direct}");
         assert!(reads_in_place(GgmlType::Q8_0R) && !reads_in_place(GgmlType::Q8_0) && !reads_in_place(GgmlType::Q2K));
     }
 
