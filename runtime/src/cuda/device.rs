@@ -53,6 +53,11 @@ pub struct Device {
     /// Freed activation buffers by bucket size, reused by [`Device::alloc`]: cuMemFree
     /// synchronizes the whole device, and a decode step allocates hundreds of buffers.
     pool: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
+    /// Buffers freed while a side branch is open (`launch_plan.rs`), pooled at its join: a
+    /// buffer one lane has finished with may still be read by the other lane's queued
+    /// steps, which are not ordered before anything queued later until the join.
+    held: Mutex<Vec<(usize, sys::CUdeviceptr)>>,
+    branching: std::sync::atomic::AtomicBool,
     /// Launches and copies queued for a graph while recording (`launch_plan.rs`).
     plan: Mutex<LaunchPlan>,
 }
@@ -72,7 +77,7 @@ impl Device {
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), plan: Mutex::new(LaunchPlan::default()) }))
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), held: Mutex::new(Vec::new()), branching: Default::default(), plan: Mutex::new(LaunchPlan::default()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).
@@ -182,6 +187,28 @@ impl Device {
         self.plan()?.run(step, self.ctx.cu_ctx())
     }
 
+    /// Queues the next launches on the side lane of a graph (`side`) or the main lane
+    /// (`launch_plan.rs`); nothing happens unless this run records alone.
+    pub fn lane(&self, side: bool) -> Result<(), CudaError> {
+        if self.plan()?.lane(side) && side {
+            self.branching.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Closes the side branch (the next launch waits for it) and pools the buffers freed
+    /// while it was open.
+    pub fn join(&self) -> Result<(), CudaError> {
+        self.plan()?.join();
+        self.branching.store(false, std::sync::atomic::Ordering::SeqCst);
+        let held = std::mem::take(&mut *self.held.lock().map_err(|_| CudaError("held buffers poisoned".into()))?);
+        let mut pool = self.pool.lock().map_err(|_| CudaError("buffer pool poisoned".into()))?;
+        for (size, ptr) in held {
+            pool.entry(size).or_default().push(ptr);
+        }
+        Ok(())
+    }
+
     /// (graph launches, launches and copies they carried) so far.
     pub fn graph_stats(&self) -> (u64, u64) {
         self.plan.lock().map_or((0, 0), |p| (p.graphs_launched, p.steps_in_graphs))
@@ -192,6 +219,13 @@ impl Drop for Device {
     fn drop(&mut self) {
         if let Ok(mut p) = self.plan.lock() {
             p.clear();
+        }
+        if let Ok(mut held) = self.held.lock() {
+            if let Ok(mut pool) = self.pool.lock() {
+                for (size, ptr) in held.drain(..) {
+                    pool.entry(size).or_default().push(ptr);
+                }
+            }
         }
         self.release_pool();
     }
@@ -263,6 +297,12 @@ impl DeviceBuf {
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
         if let Some(size) = self.pooled {
+            if self.dev.branching.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(mut held) = self.dev.held.lock() {
+                    held.push((size, self.ptr));
+                    return;
+                }
+            }
             if let Ok(mut pool) = self.dev.pool.lock() {
                 pool.entry(size).or_default().push(self.ptr);
                 return;

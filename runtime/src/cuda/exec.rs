@@ -189,12 +189,14 @@ impl GpuExecutor<'_> {
     /// (`done` false) that reads the same x node, whose weight (of `first`'s type, rows of
     /// `k`) starts at `end`; its node and row count.
     /// `DS4_MATVEC_GROUPS=0` turns the groups off.
-    fn next_in_group(&self, x: ds4_ir::NodeId, first: &DeviceTensor, k: usize, end: u64, done: impl Fn(usize) -> bool) -> Option<(ds4_ir::NodeId, usize)> {
+    fn next_in_group(&self, from: ds4_ir::NodeId, x: ds4_ir::NodeId, first: &DeviceTensor, k: usize, end: u64, done: impl Fn(usize) -> bool) -> Option<(ds4_ir::NodeId, usize)> {
         if switched_off!("DS4_MATVEC_GROUPS") {
             return None;
         }
         self.graph.consumers(x).into_iter().find_map(|c| {
-            if !matches!(self.graph.node(c).op, Op::MatMul) || done(c.index()) || self.graph.inputs(c)[0] != x {
+            // Not across the lanes of a graph's side branch: the other lane would read the
+            // output unordered (`fusion_plan.rs`).
+            if !matches!(self.graph.node(c).op, Op::MatMul) || done(c.index()) || self.graph.inputs(c)[0] != x || self.plan.side(c) != self.plan.side(from) {
                 return None;
             }
             let t = self.weights.tensor(&weight_of(self.graph, c).ok()?).ok()?;
@@ -464,6 +466,10 @@ impl GpuExecutor<'_> {
             ("picks", u(picks)),
             ("has_addend", u(addend.is_some() as usize)),
         ];
+        // The addend (the shared expert) may come from a side branch: it joins here.
+        if addend.is_some() {
+            self.dev.join()?;
+        }
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
         Ok(())
@@ -658,6 +664,8 @@ impl GpuExecutor<'_> {
             self.dev.record_launches(true)?;
         }
         let out = self.run_nodes(state, bind, ids, residual);
+        // A branch left open (a failed step) joins here, and its held buffers return.
+        let joined = self.dev.join();
         if record {
             // Stops this run's recording and submits what is queued (after a failed step
             // too: queued launches are whole and valid, and may be another session's).
@@ -666,6 +674,7 @@ impl GpuExecutor<'_> {
                 stopped?;
             }
         }
+        joined?;
         out
     }
 
@@ -732,6 +741,16 @@ impl GpuExecutor<'_> {
                 settle(&mut vals, id, v, &ins, step, &last_use);
                 continue;
             }
+            // The shared expert on a side branch of the step's graph, beside the routing,
+            // joined where its output is read (`fusion_plan.rs`, `launch_plan.rs`).
+            if self.plan.side(id) && !switched_off!("DS4_SIDE_BRANCH") {
+                self.dev.lane(true)?;
+            } else {
+                if self.plan.joins(id) {
+                    self.dev.join()?;
+                }
+                self.dev.lane(false)?;
+            }
             let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
@@ -771,7 +790,7 @@ impl GpuExecutor<'_> {
                         let w0 = w(1)?;
                         let mut group = vec![(id, n)];
                         let mut end = w0.ptr + w0.bytes as u64;
-                        while let Some((next, rows)) = self.next_in_group(ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i)) {
+                        while let Some((next, rows)) = self.next_in_group(id, ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i)) {
                             group.push((next, rows));
                             end = self.weights.tensor(&weight_of(g, next)?)?.ptr + (rows * w0.row_bytes(k)) as u64;
                         }

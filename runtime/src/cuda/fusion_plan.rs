@@ -7,7 +7,8 @@
 //! merge makes (`attention_rope`: the inverse RoPE of the attention's output); and each
 //! RoPE node's
 //! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
-//! is keyed by).
+//! is keyed by); and the shared expert's nodes, which a decode step's graph runs on a side
+//! branch beside the routing (`side`, joined at the routed experts: `joins`).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
 //! measuring switches); what the graph offers is fixed.
 
@@ -26,6 +27,8 @@ pub struct FusionPlan {
     moe_add: HashMap<usize, (NodeId, NodeId)>,
     attention_rope: HashMap<usize, NodeId>,
     rope_keys: HashMap<usize, Vec<u32>>,
+    side: std::collections::HashSet<usize>,
+    joins: std::collections::HashSet<usize>,
 }
 
 impl FusionPlan {
@@ -64,6 +67,15 @@ impl FusionPlan {
                 Op::MoeExperts { .. } => {
                     if let Some(a) = moe_add_at(g, id) {
                         plan.moe_add.insert(i, a);
+                        // The shared expert: what the add's other input needs that the
+                        // routed experts do not. It joins where its output is read: the
+                        // add, or the launch of the routed experts' down projection that
+                        // makes the add (the executor's `digits_down`).
+                        let branch = own_ancestors(g, a.1, id);
+                        if !branch.is_empty() {
+                            plan.joins.insert(a.0.index());
+                            plan.side.extend(branch.iter().map(|n| n.index()));
+                        }
                     }
                 }
                 _ => {}
@@ -95,6 +107,17 @@ impl FusionPlan {
         self.attention_rope.get(&attn.index()).copied()
     }
 
+    /// Whether `node` runs on the side branch of a decode step's graph (the shared expert).
+    pub fn side(&self, node: NodeId) -> bool {
+        self.side.contains(&node.index())
+    }
+
+    /// Whether the side branch joins before `node` (the reader of its output; where the
+    /// routed experts make that add, their launch joins it).
+    pub fn joins(&self, node: NodeId) -> bool {
+        self.joins.contains(&node.index())
+    }
+
     /// RoPE node `rope`'s frequency table key.
     pub fn rope_key(&self, rope: NodeId) -> Option<&[u32]> {
         self.rope_keys.get(&rope.index()).map(Vec::as_slice)
@@ -116,6 +139,36 @@ fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
     (other.index() < moe.index()).then_some((add, other))
 }
 
+/// The nodes that `of` needs (itself included) and `other` does not, weights and inputs
+/// aside: the shared expert's, for `of` its output and `other` the routed experts. Empty
+/// if one of them is read by any other node or is a graph output (its value would be read
+/// before the join).
+fn own_ancestors(g: &Graph, of: NodeId, other: NodeId) -> Vec<NodeId> {
+    use std::collections::HashSet;
+    let ancestors = |from: NodeId| {
+        let mut seen = HashSet::new();
+        let mut todo = vec![from];
+        while let Some(n) = todo.pop() {
+            if seen.insert(n) {
+                todo.extend(g.inputs(n));
+            }
+        }
+        seen
+    };
+    let theirs = ancestors(other);
+    let mut own: Vec<NodeId> = ancestors(of).into_iter().filter(|n| !theirs.contains(n)).collect();
+    own.retain(|&n| !matches!(g.node(n).op, Op::Input { .. } | Op::Weight { .. }));
+    own.sort_by_key(|n| n.index());
+    // Every reader of a branch node is a branch node (`of`'s readers aside).
+    let inside: HashSet<NodeId> = own.iter().copied().collect();
+    let contained = own.iter().filter(|&&n| n != of).all(|&n| !g.is_output(n) && g.consumers(n).iter().all(|c| inside.contains(c)));
+    if contained && !g.is_output(of) {
+        own
+    } else {
+        Vec::new()
+    }
+}
+
 /// A frequency table's cache key: its values as f32 bits.
 pub fn freq_key(inv_freq: &[f64]) -> Vec<u32> {
     inv_freq.iter().map(|&v| (v as f32).to_bits()).collect()
@@ -134,7 +187,7 @@ mod tests {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes) = (0, 0, 0, 0, 0, 0);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side) = (0, 0, 0, 0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -151,6 +204,12 @@ mod tests {
             if let Some((add, other)) = plan.moe_add(id) {
                 assert!(matches!(g.node(add).op, Op::Add) && g.consumers(id) == [add] && g.inputs(add).contains(&other), "{}", g.node(id).label);
                 moe_adds += 1;
+                // The shared expert's output is on the side branch, which joins at the add.
+                assert!(plan.side(other) && plan.joins(add) && !plan.side(id) && !plan.joins(id), "{}", g.node(id).label);
+            }
+            if plan.side(id) {
+                assert!(g.node(id).label.contains("shexp") || g.node(id).label.contains("shared"), "{}: on the side branch", g.node(id).label);
+                side += 1;
             }
             pre += plan.hc_pre(id).is_some() as usize;
             nr += plan.norm_rope(id).is_some() as usize;
@@ -160,5 +219,6 @@ mod tests {
         assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
+        assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
     }
 }

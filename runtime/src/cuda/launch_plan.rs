@@ -14,6 +14,13 @@
 //! cadence, a longer context's grids on other kernels) builds and instantiates its graph
 //! once; [`MAX_GRAPHS`] of them are kept.
 //!
+//! A graph is a chain, but for one side branch: between [`LaunchPlan::lane`]`(true)` and
+//! [`LaunchPlan::join`], the steps queued on the side lane form a chain of their own that
+//! starts after the main lane's last step before it (the fork) and that the main lane's
+//! first step after the join waits for; the main lane's steps in between run beside it.
+//! The executor puts the shared expert there, beside the routing (`fusion_plan.rs`).
+//! Across graph chunks nothing changes: a chunk starts after the previous one ends.
+//!
 //! Why replay is safe: the queue runs in order on the same (legacy default) stream as
 //! every other copy, and a launch or copy made while not recording first submits what is
 //! queued (sessions sharing a device may record and not at once), so stream order is what
@@ -60,6 +67,31 @@ fn pdl_port() -> Option<u8> {
         Ok("order") => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8),
         _ => Some(sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8),
     })
+}
+
+/// How a queued step is linked to the steps before it in its graph (see the module
+/// comment): after the main lane's last step (`Chain`), first of a side branch (`Fork`:
+/// after the main lane's last step, with a plain edge), after the side lane's last step
+/// (`Side`), or after the main lane's last step and the side branch's last (`Join`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Link {
+    Chain,
+    Fork,
+    Side,
+    Join,
+}
+
+/// The side branch as the executor marks it.
+#[derive(Default)]
+struct Branch {
+    /// Between a side step's marking and the join.
+    open: bool,
+    /// Steps queued now go to the side lane.
+    side: bool,
+    /// The next side step starts the branch.
+    fork_next: bool,
+    /// The next main step waits for the branch.
+    join_next: bool,
 }
 
 /// One queued operation.
@@ -127,7 +159,10 @@ pub struct LaunchPlan {
     /// Executor runs recording now (sessions sharing the device may overlap).
     recorders: usize,
     queue: Vec<Step>,
-    built: HashMap<Vec<(usize, u32, u32, usize)>, Built>,
+    /// Each queued step's link (parallel to `queue`).
+    links: Vec<Link>,
+    branch: Branch,
+    built: HashMap<Vec<((usize, u32, u32, usize), Link)>, Built>,
     clock: u64,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
     pub graphs_launched: u64,
@@ -153,11 +188,54 @@ impl LaunchPlan {
         self.recorders > 0
     }
 
+    /// Queues the next steps on the side lane (`true`, opening the branch if it is not
+    /// open) or the main lane. Only one run recording alone branches (another session's
+    /// steps stay in the chain); otherwise, and when not recording, it does nothing and
+    /// says so (`false`).
+    pub fn lane(&mut self, side: bool) -> bool {
+        if self.recorders != 1 {
+            return false;
+        }
+        if side && !self.branch.open {
+            self.branch.open = true;
+            self.branch.fork_next = true;
+        }
+        self.branch.side = side && self.branch.open;
+        true
+    }
+
+    /// Closes the side branch: the next main step waits for it. Whether one was open.
+    pub fn join(&mut self) -> bool {
+        let open = std::mem::take(&mut self.branch.open);
+        self.branch.side = false;
+        self.branch.fork_next = false;
+        self.branch.join_next |= open;
+        open
+    }
+
+    /// The link of the step queued next (and the branch's state after it).
+    fn next_link(&mut self) -> Link {
+        let b = &mut self.branch;
+        if b.side {
+            if std::mem::take(&mut b.fork_next) {
+                Link::Fork
+            } else {
+                Link::Side
+            }
+        } else if std::mem::take(&mut b.join_next) {
+            Link::Join
+        } else {
+            Link::Chain
+        }
+    }
+
     /// Queues `step` while recording (submitting the queue when it is full); else submits
     /// what is queued, then `step` (stream order is queue order).
     pub(super) fn run(&mut self, step: Step, ctx: sys::CUcontext) -> Result<(), CudaError> {
         if self.recording() {
+            let link = self.next_link();
             self.queue.push(step);
+            self.links.push(link);
             return if self.full() { self.submit(ctx) } else { Ok(()) };
         }
         self.submit(ctx)?;
@@ -175,12 +253,13 @@ impl LaunchPlan {
             return Ok(());
         }
         let steps = std::mem::take(&mut self.queue);
+        let links = std::mem::take(&mut self.links);
         let n = steps.len() as u64;
         if steps.len() < MIN_GRAPH_STEPS {
             return steps.iter().try_for_each(Step::submit);
         }
         self.clock += 1;
-        let key: Vec<_> = steps.iter().map(Step::shape).collect();
+        let key: Vec<_> = steps.iter().map(Step::shape).zip(links.iter().copied()).collect();
         let exec = match self.built.remove(&key) {
             Some(mut b) => {
                 let updated = steps.iter().zip(&b.steps).enumerate().filter(|(_, (new, old))| new != old).try_for_each(|(i, (new, _))| set_node(b.exec, b.nodes[i], new, ctx));
@@ -203,7 +282,7 @@ impl LaunchPlan {
                         destroy(&b);
                     }
                 }
-                match build(&steps, ctx, self.clock) {
+                match build(&steps, &links, ctx, self.clock) {
                     Ok(b) => {
                         let exec = b.exec;
                         self.built.insert(key, Built { steps, ..b });
@@ -227,6 +306,7 @@ impl LaunchPlan {
             destroy(&b);
         }
         self.queue.clear();
+        self.links.clear();
     }
 }
 
@@ -285,21 +365,36 @@ fn copy_params(step: &Step) -> Option<sys::CUDA_MEMCPY3D> {
     Some(p)
 }
 
-/// A graph of `steps` in a chain (each node after the previous), instantiated (its
-/// `steps` left for the caller to fill).
-fn build(steps: &[Step], ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaError> {
+/// A graph of `steps` linked as `links` say (see [`Link`]), instantiated (its `steps` left
+/// for the caller to fill).
+fn build(steps: &[Step], links: &[Link], ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaError> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: creates an empty graph.
     unsafe { sys::cuGraphCreate(&mut graph, 0).result() }?;
     let mut nodes: Vec<sys::CUgraphNode> = Vec::with_capacity(steps.len());
     let made = (|| -> Result<sys::CUgraphExec, CudaError> {
+        let (mut last_main, mut last_side): (Option<usize>, Option<usize>) = (None, None);
         for (i, s) in steps.iter().enumerate() {
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
-            // A kernel after a kernel is linked by a programmatic edge (`pdl_port`), added
-            // once the node exists; anything else by a plain one.
-            let both_kernels = i > 0 && matches!((&steps[i - 1], s), (Step::Kernel { .. }, Step::Kernel { .. }));
+            // The step it follows in its lane, and a branch's other end.
+            let (pred, other) = match links[i] {
+                Link::Chain => (last_main, None),
+                Link::Fork => (None, last_main),
+                Link::Side => (last_side, None),
+                Link::Join => (last_main, last_side.take()),
+            };
+            match links[i] {
+                Link::Chain | Link::Join => last_main = Some(i),
+                Link::Fork | Link::Side => last_side = Some(i),
+            }
+            // A kernel after a kernel in its lane is linked by a programmatic edge
+            // (`pdl_port`), added once the node exists; anything else by a plain one.
+            let both_kernels = pred.is_some_and(|p| matches!((&steps[p], s), (Step::Kernel { .. }, Step::Kernel { .. })));
             let programmatic = if both_kernels { pdl_port() } else { None };
-            let deps: Vec<sys::CUgraphNode> = if programmatic.is_some() { Vec::new() } else { nodes.last().copied().into_iter().collect() };
+            let mut deps: Vec<sys::CUgraphNode> = other.map(|o| nodes[o]).into_iter().collect();
+            if programmatic.is_none() {
+                deps.extend(pred.map(|p| nodes[p]));
+            }
             match s {
                 Step::Kernel { args, .. } => {
                     let (mut slots, mut values) = (Vec::new(), args.clone());
@@ -313,7 +408,7 @@ fn build(steps: &[Step], ctx: sys::CUcontext, clock: u64) -> Result<Built, CudaE
                     unsafe { sys::cuGraphAddMemcpyNode(&mut node, graph, deps.as_ptr(), deps.len(), &p, ctx).result() }?;
                 }
             }
-            if let (Some(port), Some(&prev)) = (programmatic, nodes.last()) {
+            if let (Some(port), Some(prev)) = (programmatic, pred.map(|p| nodes[p])) {
                 let edge = sys::CUgraphEdgeData { from_port: port, to_port: 0, type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8, reserved: [0; 5] };
                 // SAFETY: two kernel nodes of this graph, one edge's data.
                 unsafe { sys::cuGraphAddDependencies_v2(graph, &prev, &node, &edge, 1).result() }?;
@@ -394,6 +489,32 @@ mod tests {
         assert!(!p.full(), "one short of a chunk");
         p.queue.push(kernel(4));
         assert!(p.full());
+    }
+
+    /// The side branch: only a run recording alone opens one; its first step forks, the
+    /// next follow it, main steps in between stay in the chain, and the first main step
+    /// after the join waits for it.
+    #[test]
+    fn a_side_branch_forks_and_joins() {
+        let mut p = LaunchPlan::default();
+        let ctx = std::ptr::null_mut();
+        assert!(!p.lane(true), "not recording: no branch");
+        p.set_recording(true);
+        p.run(kernel(0), ctx).unwrap();
+        assert!(p.lane(true));
+        p.run(kernel(1), ctx).unwrap();
+        p.run(kernel(2), ctx).unwrap();
+        p.lane(false);
+        p.run(kernel(3), ctx).unwrap();
+        assert!(p.join());
+        assert!(!p.join(), "closed");
+        p.run(kernel(4), ctx).unwrap();
+        p.run(kernel(5), ctx).unwrap();
+        assert_eq!(p.links, vec![Link::Chain, Link::Fork, Link::Side, Link::Chain, Link::Join, Link::Chain]);
+        p.set_recording(true);
+        assert!(!p.lane(true), "two runs recording: no branch");
+        p.run(kernel(6), ctx).unwrap();
+        assert_eq!(p.links.last(), Some(&Link::Chain));
     }
 
     /// A graph node is updated in place only where its kernel, block, shared memory and
