@@ -9,7 +9,7 @@ use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
 use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
 use super::device_log::DeviceLog;
-use super::fusion_plan::{self, FusionPlan};
+use super::fusion_plan::{self, Branch, FusionPlan};
 use super::x_parts::{self, XParts};
 use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
@@ -185,6 +185,27 @@ impl GpuExecutor<'_> {
         self.call_threads(k, name, (items as u32, self.item_splits(k, items, work.0, work.1) as u32, 1), self.op_threads(k, items, work.0), k.shared_for(out_len), &all)
     }
 
+    /// The side branch node `id` runs on in a decode step's graph (`fusion_plan.rs`):
+    /// `DS4_SIDE_BRANCH=0` keeps every node on the main lane, `DS4_SIDE_QUERY=0` the
+    /// attention's query.
+    fn lane_of(&self, id: ds4_ir::NodeId) -> Option<Branch> {
+        match self.plan.side(id)? {
+            _ if switched_off!("DS4_SIDE_BRANCH") => None,
+            Branch::Query if switched_off!("DS4_SIDE_QUERY") => None,
+            b => Some(b),
+        }
+    }
+
+    /// Whether node `i`'s value is made by a main-lane launch after node `o` in graph
+    /// order (a weight is made by none; a reshape is its input's value).
+    fn main_after(&self, i: ds4_ir::NodeId, o: usize) -> bool {
+        match self.graph.node(i).op {
+            Op::Weight { .. } => false,
+            Op::Reshape { .. } => self.main_after(self.graph.inputs(i)[0], o),
+            _ => self.lane_of(i).is_none() && i.index() > o,
+        }
+    }
+
     /// The next mat-vec of a decode group (`matvec_groups.rs`): a MatMul node not yet run
     /// (`done` false) that reads the same x node, whose weight (of `first`'s type, rows of
     /// `k`) starts at `end`; its node and row count.
@@ -196,7 +217,7 @@ impl GpuExecutor<'_> {
         self.graph.consumers(x).into_iter().find_map(|c| {
             // Not across the lanes of a graph's side branch: the other lane would read the
             // output unordered (`fusion_plan.rs`).
-            if !matches!(self.graph.node(c).op, Op::MatMul) || done(c.index()) || self.graph.inputs(c)[0] != x || self.plan.side(c) != self.plan.side(from) {
+            if !matches!(self.graph.node(c).op, Op::MatMul) || done(c.index()) || self.graph.inputs(c)[0] != x || self.lane_of(c) != self.lane_of(from) {
                 return None;
             }
             let t = self.weights.tensor(&weight_of(self.graph, c).ok()?).ok()?;
@@ -687,6 +708,8 @@ impl GpuExecutor<'_> {
         // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
+        // The first node of the open side branch (see below).
+        let mut opened_at: Option<usize> = None;
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
         for (step, &id) in order.iter().enumerate() {
@@ -741,9 +764,20 @@ impl GpuExecutor<'_> {
                 settle(&mut vals, id, v, &ins, step, &last_use);
                 continue;
             }
-            // The shared expert on a side branch of the step's graph, beside the routing,
-            // joined where its output is read (`fusion_plan.rs`, `launch_plan.rs`).
-            if self.plan.side(id) && !switched_off!("DS4_SIDE_BRANCH") {
+            // The shared expert and the attention's query on side branches of the step's
+            // graph, joined where their output is read (`fusion_plan.rs`,
+            // `launch_plan.rs`). A side node that reads a main node run after its branch
+            // opened joins it first (it would read that value unordered) and opens another.
+            let side = self.lane_of(id).is_some();
+            if !self.dev.branch_open()? {
+                opened_at = None;
+            }
+            if side {
+                if opened_at.is_some_and(|o| ins.iter().any(|&i| self.main_after(i, o))) {
+                    self.dev.join()?;
+                    opened_at = None;
+                }
+                opened_at.get_or_insert(id.index());
                 self.dev.lane(true)?;
             } else {
                 if self.plan.joins(id) {

@@ -7,8 +7,10 @@
 //! merge makes (`attention_rope`: the inverse RoPE of the attention's output); and each
 //! RoPE node's
 //! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
-//! is keyed by); and the shared expert's nodes, which a decode step's graph runs on a side
-//! branch beside the routing (`side`, joined at the routed experts: `joins`).
+//! is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
+//! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
+//! add), the attention query's beside its KV, compressor and indexer (joined at the
+//! attention).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
 //! measuring switches); what the graph offers is fixed.
 
@@ -27,8 +29,18 @@ pub struct FusionPlan {
     moe_add: HashMap<usize, (NodeId, NodeId)>,
     attention_rope: HashMap<usize, NodeId>,
     rope_keys: HashMap<usize, Vec<u32>>,
-    side: std::collections::HashSet<usize>,
+    side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
+}
+
+/// Which side branch a node is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Branch {
+    /// The shared expert, beside the routing and the routed experts' gate and up.
+    SharedExpert,
+    /// The attention's query (its projections, norm and RoPE) beside the KV row, the
+    /// compressors and the indexer.
+    Query,
 }
 
 impl FusionPlan {
@@ -63,6 +75,10 @@ impl FusionPlan {
                     if let Some(r) = g.only_reader(id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
                         plan.attention_rope.insert(i, r);
                     }
+                    // The query (input 0): what it needs that the attention's other inputs
+                    // do not.
+                    let ins = g.inputs(id);
+                    plan.branch(&own_ancestors(g, ins[0], &ins[1..]), Branch::Query, id);
                 }
                 Op::MoeExperts { .. } => {
                     if let Some(a) = moe_add_at(g, id) {
@@ -71,11 +87,7 @@ impl FusionPlan {
                         // routed experts do not. It joins where its output is read: the
                         // add, or the launch of the routed experts' down projection that
                         // makes the add (the executor's `digits_down`).
-                        let branch = own_ancestors(g, a.1, id);
-                        if !branch.is_empty() {
-                            plan.joins.insert(a.0.index());
-                            plan.side.extend(branch.iter().map(|n| n.index()));
-                        }
+                        plan.branch(&own_ancestors(g, a.1, &[id]), Branch::SharedExpert, a.0);
                     }
                 }
                 _ => {}
@@ -107,9 +119,17 @@ impl FusionPlan {
         self.attention_rope.get(&attn.index()).copied()
     }
 
-    /// Whether `node` runs on the side branch of a decode step's graph (the shared expert).
-    pub fn side(&self, node: NodeId) -> bool {
-        self.side.contains(&node.index())
+    /// Records `nodes` (none: no branch) as a side branch joined before `join`.
+    fn branch(&mut self, nodes: &[NodeId], kind: Branch, join: NodeId) {
+        if !nodes.is_empty() {
+            self.joins.insert(join.index());
+            self.side.extend(nodes.iter().map(|n| (n.index(), kind)));
+        }
+    }
+
+    /// The side branch of a decode step's graph that `node` runs on, if any.
+    pub fn side(&self, node: NodeId) -> Option<Branch> {
+        self.side.get(&node.index()).copied()
     }
 
     /// Whether the side branch joins before `node` (the reader of its output; where the
@@ -139,11 +159,11 @@ fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
     (other.index() < moe.index()).then_some((add, other))
 }
 
-/// The nodes that `of` needs (itself included) and `other` does not, weights and inputs
-/// aside: the shared expert's, for `of` its output and `other` the routed experts. Empty
-/// if one of them is read by any other node or is a graph output (its value would be read
-/// before the join).
-fn own_ancestors(g: &Graph, of: NodeId, other: NodeId) -> Vec<NodeId> {
+/// The nodes that `of` needs (itself included) and none of `others` does, weights and
+/// inputs aside: for `of` the shared expert's output and `others` the routed experts, the
+/// shared expert's nodes. Empty if one of them is read by any other node or is a graph
+/// output (its value would be read before the join).
+fn own_ancestors(g: &Graph, of: NodeId, others: &[NodeId]) -> Vec<NodeId> {
     use std::collections::HashSet;
     let ancestors = |from: NodeId| {
         let mut seen = HashSet::new();
@@ -155,7 +175,7 @@ fn own_ancestors(g: &Graph, of: NodeId, other: NodeId) -> Vec<NodeId> {
         }
         seen
     };
-    let theirs = ancestors(other);
+    let theirs: HashSet<NodeId> = others.iter().flat_map(|&o| ancestors(o)).collect();
     let mut own: Vec<NodeId> = ancestors(of).into_iter().filter(|n| !theirs.contains(n)).collect();
     own.retain(|&n| !matches!(g.node(n).op, Op::Input { .. } | Op::Weight { .. }));
     own.sort_by_key(|n| n.index());
@@ -187,7 +207,7 @@ mod tests {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side) = (0, 0, 0, 0, 0, 0, 0);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query) = (0, 0, 0, 0, 0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -205,11 +225,21 @@ mod tests {
                 assert!(matches!(g.node(add).op, Op::Add) && g.consumers(id) == [add] && g.inputs(add).contains(&other), "{}", g.node(id).label);
                 moe_adds += 1;
                 // The shared expert's output is on the side branch, which joins at the add.
-                assert!(plan.side(other) && plan.joins(add) && !plan.side(id) && !plan.joins(id), "{}", g.node(id).label);
+                assert!(plan.side(other) == Some(Branch::SharedExpert) && plan.joins(add) && plan.side(id).is_none() && !plan.joins(id), "{}", g.node(id).label);
             }
-            if plan.side(id) {
-                assert!(g.node(id).label.contains("shexp") || g.node(id).label.contains("shared"), "{}: on the side branch", g.node(id).label);
-                side += 1;
+            match plan.side(id) {
+                Some(Branch::SharedExpert) => {
+                    assert!(g.node(id).label.contains("shexp") || g.node(id).label.contains("shared"), "{}: on the shared expert's branch", g.node(id).label);
+                    side += 1;
+                }
+                Some(Branch::Query) => {
+                    assert!(g.node(id).label.contains("q"), "{}: on the query's branch", g.node(id).label);
+                    query += 1;
+                }
+                None => {}
+            }
+            if let Op::Attention { .. } = g.node(id).op {
+                assert!(plan.joins(id) && plan.side(g.inputs(id)[0]) == Some(Branch::Query), "{}: joins the query's branch", g.node(id).label);
             }
             pre += plan.hc_pre(id).is_some() as usize;
             nr += plan.norm_rope(id).is_some() as usize;
@@ -220,5 +250,7 @@ mod tests {
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
         assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
+        assert!(query >= 2 * model.hp.n_layer, "the query's q_b, norm and RoPE on the side branch: {query}");
+
     }
 }

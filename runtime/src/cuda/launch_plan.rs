@@ -204,6 +204,11 @@ impl LaunchPlan {
         true
     }
 
+    /// Whether a side branch is open.
+    pub fn branch_open(&self) -> bool {
+        self.branch.open
+    }
+
     /// Closes the side branch: the next main step waits for it. Whether one was open.
     pub fn join(&mut self) -> bool {
         let open = std::mem::take(&mut self.branch.open);
@@ -373,25 +378,13 @@ fn build(steps: &[Step], links: &[Link], ctx: sys::CUcontext, clock: u64) -> Res
     unsafe { sys::cuGraphCreate(&mut graph, 0).result() }?;
     let mut nodes: Vec<sys::CUgraphNode> = Vec::with_capacity(steps.len());
     let made = (|| -> Result<sys::CUgraphExec, CudaError> {
-        let (mut last_main, mut last_side): (Option<usize>, Option<usize>) = (None, None);
-        for (i, s) in steps.iter().enumerate() {
+        for (s, (pred, other)) in steps.iter().zip(lane_deps(links)) {
             let mut node: sys::CUgraphNode = std::ptr::null_mut();
-            // The step it follows in its lane, and a branch's other end.
-            let (pred, other) = match links[i] {
-                Link::Chain => (last_main, None),
-                Link::Fork => (None, last_main),
-                Link::Side => (last_side, None),
-                Link::Join => (last_main, last_side.take()),
-            };
-            match links[i] {
-                Link::Chain | Link::Join => last_main = Some(i),
-                Link::Fork | Link::Side => last_side = Some(i),
-            }
             // A kernel after a kernel in its lane is linked by a programmatic edge
             // (`pdl_port`), added once the node exists; anything else by a plain one.
             let both_kernels = pred.is_some_and(|p| matches!((&steps[p], s), (Step::Kernel { .. }, Step::Kernel { .. })));
             let programmatic = if both_kernels { pdl_port() } else { None };
-            let mut deps: Vec<sys::CUgraphNode> = other.map(|o| nodes[o]).into_iter().collect();
+            let mut deps: Vec<sys::CUgraphNode> = other.iter().flatten().map(|&o| nodes[o]).collect();
             if programmatic.is_none() {
                 deps.extend(pred.map(|p| nodes[p]));
             }
@@ -430,6 +423,31 @@ fn build(steps: &[Step], links: &[Link], ctx: sys::CUcontext, clock: u64) -> Res
             Err(e)
         }
     }
+}
+
+/// Each step's dependencies in its graph from the links: the step it follows in its lane
+/// (linked programmatically between kernels) and up to two more (plain edges): a fork's
+/// main step, a join's side step. A branch opened again before its join was used also
+/// waits for the side lane's last step (nothing else would).
+fn lane_deps(links: &[Link]) -> Vec<(Option<usize>, [Option<usize>; 2])> {
+    let (mut last_main, mut last_side): (Option<usize>, Option<usize>) = (None, None);
+    links
+        .iter()
+        .enumerate()
+        .map(|(i, link)| {
+            let deps = match link {
+                Link::Chain => (last_main, [None, None]),
+                Link::Fork => (None, [last_main, last_side.take()]),
+                Link::Side => (last_side, [None, None]),
+                Link::Join => (last_main, [last_side.take(), None]),
+            };
+            match link {
+                Link::Chain | Link::Join => last_main = Some(i),
+                Link::Fork | Link::Side => last_side = Some(i),
+            }
+            deps
+        })
+        .collect()
 }
 
 /// Updates one node of an instantiated graph to `step` (same kind and function).
@@ -515,6 +533,30 @@ mod tests {
         assert!(!p.lane(true), "two runs recording: no branch");
         p.run(kernel(6), ctx).unwrap();
         assert_eq!(p.links.last(), Some(&Link::Chain));
+    }
+
+    /// Dependencies: the main chain, a fork after the main step before it, the side chain,
+    /// a second fork before any join waiting for the first branch's tail, the join waiting
+    /// for the second's; graph chunks may start inside a branch (roots).
+    #[test]
+    fn lanes_become_dependencies() {
+        use Link::*;
+        let deps = lane_deps(&[Chain, Fork, Side, Chain, Fork, Side, Chain, Join, Chain]);
+        assert_eq!(
+            deps,
+            vec![
+                (None, [None, None]),
+                (None, [Some(0), None]),
+                (Some(1), [None, None]),
+                (Some(0), [None, None]),
+                (None, [Some(3), Some(2)]),
+                (Some(4), [None, None]),
+                (Some(3), [None, None]),
+                (Some(6), [Some(5), None]),
+                (Some(7), [None, None]),
+            ]
+        );
+        assert_eq!(lane_deps(&[Side, Chain, Join]), vec![(None, [None, None]), (None, [None, None]), (Some(1), [Some(0), None])]);
     }
 
     /// A graph node is updated in place only where its kernel, block, shared memory and
