@@ -70,7 +70,6 @@ pub fn source() -> String {
     s.push_str(&format!(
         r#"
 {entry}    extern __shared__ unsigned long long ds4_keys[];
-    __shared__ unsigned int ds4_chosen;
     const unsigned long long item = blockIdx.x;
     const unsigned int nn = (unsigned int)n;
     unsigned int len = 1u;
@@ -78,12 +77,7 @@ pub fn source() -> String {
         len <<= 1;
     }}
     float* const scores = (float*)(ds4_keys + len);
-    if (threadIdx.x == 0u) {{
-        ds4_chosen = 0u;
-    }}
-    __syncthreads();
     // Scores (`router_scores`), selection keys of the biased scores (`router_biased`).
-    unsigned int mine = 0u;
     for (unsigned int e = threadIdx.x; e < len; e += blockDim.x) {{
         unsigned long long key = 0ull;
         if (e < nn) {{
@@ -96,11 +90,7 @@ pub fn source() -> String {
             scores[e] = s;
             key = ds4_top_k_key(s + ds4_bias[e], e);
         }}
-        mine += key != 0ull ? 1u : 0u;
         ds4_keys[e] = key;
-    }}
-    if (mine != 0u) {{
-        atomicAdd(&ds4_chosen, mine);
     }}
     __syncthreads();
     const bool select = len <= {select_max}u;
@@ -137,7 +127,8 @@ pub fn source() -> String {
                 }}
                 __syncwarp();
             }}
-        }} else if (on && j < ds4_chosen) {{
+        }} else if (on && ds4_keys[j] != 0ull) {{
+            // Sorted, the keys that were never chosen (0) come last.
             pick = ds4_top_k_index(ds4_keys[j]);
         }}
         const float s = pick >= 0 ? scores[pick] : 0.0f;
