@@ -574,7 +574,7 @@ impl GpuExecutor<'_> {
             return self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named);
         }
         // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs).
-        if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x) % 16 == 0 && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
+        if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x).is_multiple_of(16) && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
             return self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named);
         }

@@ -143,6 +143,10 @@ fn arg_bytes(a: &Arg) -> [u8; 8] {
     s
 }
 
+/// What must match, step for step, for a queue to reuse a built graph: each step's shape
+/// (`Step::shape`) and link.
+type StepKey = ((usize, u32, u32, usize), Link);
+
 /// One instantiated graph and the steps its nodes hold now.
 struct Built {
     graph: sys::CUgraph,
@@ -162,7 +166,7 @@ pub struct LaunchPlan {
     /// Each queued step's link (parallel to `queue`).
     links: Vec<Link>,
     branch: Branch,
-    built: HashMap<Vec<((usize, u32, u32, usize), Link)>, Built>,
+    built: HashMap<Vec<StepKey>, Built>,
     clock: u64,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
     pub graphs_launched: u64,
