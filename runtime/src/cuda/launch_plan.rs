@@ -18,8 +18,9 @@
 //! [`LaunchPlan::join`], the steps queued on the side lane form a chain of their own that
 //! starts after the main lane's last step before it (the fork) and that the main lane's
 //! first step after the join waits for; the main lane's steps in between run beside it.
-//! The executor puts the shared expert there, beside the routing (`fusion_plan.rs`).
-//! Across graph chunks nothing changes: a chunk starts after the previous one ends.
+//! The executor puts the shared expert there, beside the routing, and the attention's
+//! query beside its KV, compressors and indexer (`fusion_plan.rs`). Across graph chunks
+//! nothing changes: a chunk starts after the previous one ends.
 //!
 //! Why replay is safe: the queue runs in order on the same (legacy default) stream as
 //! every other copy, and a launch or copy made while not recording first submits what is
@@ -198,6 +199,8 @@ impl LaunchPlan {
     /// says so (`false`).
     pub fn lane(&mut self, side: bool) -> bool {
         if self.recorders != 1 {
+            // Nothing more on the side lane (an open branch still joins where it would).
+            self.branch.side = false;
             return false;
         }
         if side && !self.branch.open {
@@ -537,6 +540,17 @@ mod tests {
         assert!(!p.lane(true), "two runs recording: no branch");
         p.run(kernel(6), ctx).unwrap();
         assert_eq!(p.links.last(), Some(&Link::Chain));
+        // A run that starts recording inside a branch: the side lane takes nothing more,
+        // the branch still joins.
+        p.set_recording(false);
+        assert!(p.lane(true));
+        p.run(kernel(7), ctx).unwrap();
+        p.set_recording(true);
+        p.lane(true);
+        p.run(kernel(8), ctx).unwrap();
+        assert!(p.join());
+        p.run(kernel(9), ctx).unwrap();
+        assert_eq!(p.links[p.links.len() - 3..], [Link::Fork, Link::Chain, Link::Join]);
     }
 
     /// Dependencies: the main chain, a fork after the main step before it, the side chain,
