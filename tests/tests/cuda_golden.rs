@@ -253,3 +253,36 @@ fn decode_steps_as_cuda_graphs_match_direct_launches() {
     let differ = direct.iter().zip(&graphed).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     assert_eq!(differ, 0, "{differ} logits differ between graph and direct decode");
 }
+
+/// Two sessions decoding at once on one backend (a server's requests) give each the
+/// logits of a session alone, bit for bit: their steps share the device's graph queue,
+/// and a side branch (the shared expert, the query) opens only while one run records.
+#[test]
+fn sessions_decoding_at_once_match_one_alone() {
+    if skip() {
+        return;
+    }
+    let model = load("tiny-q2");
+    let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
+    let run = |prompt: &[u32]| -> Vec<f32> {
+        let mut s = CudaSession::new(b.clone(), SessionOptions::default());
+        let mut out = s.feed(prompt).unwrap();
+        let mut tok = prompt[0];
+        for _ in 0..24 {
+            let l = s.feed(&[tok]).unwrap();
+            tok = ds4_runtime::sample::argmax(&l) as u32;
+            out.extend(l);
+        }
+        out
+    };
+    let prompts: [&[u32]; 2] = [&[1, 5, 9, 2], &[7, 3]];
+    let alone: Vec<Vec<f32>> = prompts.iter().map(|p| run(p)).collect();
+    let together: Vec<Vec<f32>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts.iter().map(|p| sc.spawn(|| run(p))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        let differ = a.iter().zip(t).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "session {i}: {differ} logits differ decoding beside another");
+    }
+}

@@ -58,6 +58,9 @@ pub struct Device {
     /// steps, which are not ordered before anything queued later until the join.
     held: Mutex<Vec<(usize, sys::CUdeviceptr)>>,
     branching: std::sync::atomic::AtomicBool,
+    /// Executor runs in progress (sessions on other threads): side branches only while
+    /// one is (`begin_run`).
+    runs: std::sync::atomic::AtomicUsize,
     /// Launches and copies queued for a graph while recording (`launch_plan.rs`).
     plan: Mutex<LaunchPlan>,
 }
@@ -77,7 +80,7 @@ impl Device {
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), held: Mutex::new(Vec::new()), branching: Default::default(), plan: Mutex::new(LaunchPlan::default()) }))
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), held: Mutex::new(Vec::new()), branching: Default::default(), runs: Default::default(), plan: Mutex::new(LaunchPlan::default()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).
@@ -190,10 +193,33 @@ impl Device {
     /// Queues the next launches on the side lane of a graph (`side`) or the main lane
     /// (`launch_plan.rs`); nothing happens unless this run records alone.
     pub fn lane(&self, side: bool) -> Result<(), CudaError> {
-        if self.plan()?.lane(side) && side {
+        let mut plan = self.plan()?;
+        // Read under the plan's lock, where `begin_run` counts: no branch opens once a
+        // second run has begun.
+        if self.runs.load(std::sync::atomic::Ordering::SeqCst) > 1 {
+            return Ok(());
+        }
+        if plan.lane(side) && side {
             self.branching.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// An executor run starts; with another in progress (a session on another thread),
+    /// an open side branch joins and none opens until one run is left: the runs' steps
+    /// interleave in one queue. [`Device::end_run`] when it ends.
+    pub fn begin_run(&self) -> Result<(), CudaError> {
+        let mut plan = self.plan()?;
+        if self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            plan.join();
+            drop(plan);
+            self.release_held()?;
+        }
+        Ok(())
+    }
+
+    pub fn end_run(&self) {
+        self.runs.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether a side branch is open (`lane`, not yet joined).
@@ -205,6 +231,12 @@ impl Device {
     /// while it was open.
     pub fn join(&self) -> Result<(), CudaError> {
         self.plan()?.join();
+        self.release_held()
+    }
+
+    /// The buffers freed while a branch was open, into the pool (the branch has joined:
+    /// whatever is queued next waits for both lanes).
+    fn release_held(&self) -> Result<(), CudaError> {
         self.branching.store(false, std::sync::atomic::Ordering::SeqCst);
         let held = std::mem::take(&mut *self.held.lock().map_err(|_| CudaError("held buffers poisoned".into()))?);
         let mut pool = self.pool.lock().map_err(|_| CudaError("buffer pool poisoned".into()))?;

@@ -684,7 +684,9 @@ impl GpuExecutor<'_> {
         if record {
             self.dev.record_launches(true)?;
         }
-        let out = self.run_nodes(state, bind, ids, residual);
+        let began = self.dev.begin_run();
+        let out = began.map_err(ExecError::from).and_then(|_| self.run_nodes(state, bind, ids, residual));
+        self.dev.end_run();
         // A branch left open (a failed step) joins here, and its held buffers return.
         let joined = self.dev.join();
         if record {

@@ -87,6 +87,9 @@ pub(super) enum Link {
 struct Branch {
     /// Between a side step's marking and the join.
     open: bool,
+    /// The thread whose run opened it: only its steps go to the side lane (sessions on
+    /// other threads queue their steps at once, in the chain).
+    owner: Option<std::thread::ThreadId>,
     /// Steps queued now go to the side lane.
     side: bool,
     /// The next side step starts the branch.
@@ -198,13 +201,19 @@ impl LaunchPlan {
     /// steps stay in the chain); otherwise, and when not recording, it does nothing and
     /// says so (`false`).
     pub fn lane(&mut self, side: bool) -> bool {
+        let me = std::thread::current().id();
         if self.recorders != 1 {
             // Nothing more on the side lane (an open branch still joins where it would).
             self.branch.side = false;
             return false;
         }
+        if self.branch.open && self.branch.owner != Some(me) {
+            // Another thread's branch: this run's steps stay in the chain.
+            return false;
+        }
         if side && !self.branch.open {
             self.branch.open = true;
+            self.branch.owner = Some(me);
             self.branch.fork_next = true;
         }
         self.branch.side = side && self.branch.open;
@@ -219,6 +228,7 @@ impl LaunchPlan {
     /// Closes the side branch: the next main step waits for it. Whether one was open.
     pub fn join(&mut self) -> bool {
         let open = std::mem::take(&mut self.branch.open);
+        self.branch.owner = None;
         self.branch.side = false;
         self.branch.fork_next = false;
         self.branch.join_next |= open;
@@ -228,7 +238,7 @@ impl LaunchPlan {
     /// The link of the step queued next (and the branch's state after it).
     fn next_link(&mut self) -> Link {
         let b = &mut self.branch;
-        if b.side {
+        if b.side && b.owner == Some(std::thread::current().id()) {
             if std::mem::take(&mut b.fork_next) {
                 Link::Fork
             } else {
@@ -551,6 +561,18 @@ mod tests {
         assert!(p.join());
         p.run(kernel(9), ctx).unwrap();
         assert_eq!(p.links[p.links.len() - 3..], [Link::Fork, Link::Chain, Link::Join]);
+        // Another thread's steps, and its lane calls, while this thread's branch is open:
+        // in the chain, and the branch stays this thread's.
+        p.set_recording(false);
+        assert!(p.lane(true));
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                assert!(!p.lane(false), "not its branch");
+                p.run(kernel(10), std::ptr::null_mut()).unwrap();
+            });
+        });
+        p.run(kernel(11), ctx).unwrap();
+        assert_eq!(p.links[p.links.len() - 2..], [Link::Chain, Link::Fork]);
     }
 
     /// Dependencies: the main chain, a fork after the main step before it, the side chain,
