@@ -198,6 +198,28 @@ pub fn freq_key(inv_freq: &[f64]) -> Vec<u32> {
 mod tests {
     use super::*;
 
+    /// A branch is what one value needs that the others do not (inputs and weights
+    /// aside), and none when a node of it is read from outside or is a graph output.
+    #[test]
+    fn a_branch_is_what_only_its_value_needs() {
+        use ds4_ir::{Dim, TensorType};
+        let mut g = Graph::new();
+        let x = g.add("x", Op::Input { name: "x".into(), ty: TensorType::f32(&[Dim::Tokens, Dim::Const(8)]) }, &[]).unwrap();
+        let a = g.add("a", Op::RmsNormPlain { eps: 1e-6 }, &[x]).unwrap();
+        let s1 = g.add("s1", Op::Add, &[a, a]).unwrap();
+        let s2 = g.add("s2", Op::Add, &[s1, s1]).unwrap();
+        let other = g.add("other", Op::Add, &[a, x]).unwrap();
+        g.add("join", Op::Add, &[s2, other]).unwrap();
+        assert_eq!(own_ancestors(&g, s2, &[other]), vec![s1, s2]);
+        assert_eq!(own_ancestors(&g, other, &[s2]), vec![other], "`a` is the other side's too");
+        let mut leaky = g.clone();
+        leaky.add("leak", Op::Add, &[s1, x]).unwrap();
+        assert!(own_ancestors(&leaky, s2, &[other]).is_empty(), "s1 read outside the branch");
+        let mut out = g.clone();
+        out.mark_output("s2", s2);
+        assert!(own_ancestors(&out, s2, &[other]).is_empty(), "a graph output");
+    }
+
     /// On the tiny golden model the plan holds what the chain finders find node by node,
     /// a pre chain where both a pre chain and a norm-RoPE chain could start (none does),
     /// each layer's shared-expert add after its routed experts and inverse RoPE after its
