@@ -222,11 +222,6 @@ impl Device {
         self.runs.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Whether a side branch is open (`lane`, not yet joined).
-    pub fn branch_open(&self) -> Result<bool, CudaError> {
-        Ok(self.plan()?.branch_open())
-    }
-
     /// Closes the side branch (the next launch waits for it) and pools the buffers freed
     /// while it was open.
     pub fn join(&self) -> Result<(), CudaError> {

@@ -106,6 +106,8 @@ pub struct GpuExecutor<'a> {
     /// `hc_pre`'s ticket counters (`cuda_hc_pre::MAX_TOKENS` zeros).
     pub hc_counters: &'a DeviceBuf,
     pub freqs: &'a FreqCache,
+    /// The first node of this run's open side branch (`lane_for`; `join` clears it).
+    pub branch: std::cell::Cell<Option<usize>>,
 }
 
 /// RoPE frequency tables on the device, uploaded at first use.
@@ -204,6 +206,34 @@ impl GpuExecutor<'_> {
             Op::Reshape { .. } => self.main_after(self.graph.inputs(i)[0], o),
             _ => self.lane_of(i).is_none() && i.index() > o,
         }
+    }
+
+    /// Puts node `id`'s launches on the lane `fusion_plan.rs` gives it (`launch_plan.rs`):
+    /// a side node opens this run's branch, or first joins it where it reads a main value
+    /// made after the branch opened (it would read that value unordered); a main node
+    /// that reads the branch's output joins it. Outside a branch a main node touches
+    /// nothing.
+    fn lane_for(&self, id: ds4_ir::NodeId, ins: &[ds4_ir::NodeId]) -> Result<(), ExecError> {
+        if self.lane_of(id).is_some() {
+            if self.branch.get().is_some_and(|o| ins.iter().any(|&i| self.main_after(i, o))) {
+                self.join()?;
+            }
+            if self.branch.get().is_none() {
+                self.branch.set(Some(id.index()));
+            }
+            self.dev.lane(true)?;
+        } else if self.plan.joins(id) {
+            self.join()?;
+        } else if self.branch.get().is_some() {
+            self.dev.lane(false)?;
+        }
+        Ok(())
+    }
+
+    /// Joins the side branch, if one is open (`Device::join`).
+    fn join(&self) -> Result<(), ExecError> {
+        self.branch.set(None);
+        Ok(self.dev.join()?)
     }
 
     /// The next mat-vec of a decode group (`matvec_groups.rs`): a MatMul node not yet run
@@ -489,7 +519,7 @@ impl GpuExecutor<'_> {
         ];
         // The addend (the shared expert) may come from a side branch: it joins here.
         if addend.is_some() {
-            self.dev.join()?;
+            self.join()?;
         }
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
@@ -688,7 +718,7 @@ impl GpuExecutor<'_> {
         let out = began.map_err(ExecError::from).and_then(|_| self.run_nodes(state, bind, ids, residual));
         self.dev.end_run();
         // A branch left open (a failed step) joins here, and its held buffers return.
-        let joined = self.dev.join();
+        let joined = self.join();
         if record {
             // Stops this run's recording and submits what is queued (after a failed step
             // too: queued launches are whole and valid, and may be another session's).
@@ -710,8 +740,6 @@ impl GpuExecutor<'_> {
         // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
-        // The first node of the open side branch (see below).
-        let mut opened_at: Option<usize> = None;
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
         for (step, &id) in order.iter().enumerate() {
@@ -767,26 +795,8 @@ impl GpuExecutor<'_> {
                 continue;
             }
             // The shared expert and the attention's query on side branches of the step's
-            // graph, joined where their output is read (`fusion_plan.rs`,
-            // `launch_plan.rs`). A side node that reads a main node run after its branch
-            // opened joins it first (it would read that value unordered) and opens another.
-            let side = self.lane_of(id).is_some();
-            if !self.dev.branch_open()? {
-                opened_at = None;
-            }
-            if side {
-                if opened_at.is_some_and(|o| ins.iter().any(|&i| self.main_after(i, o))) {
-                    self.dev.join()?;
-                    opened_at = None;
-                }
-                opened_at.get_or_insert(id.index());
-                self.dev.lane(true)?;
-            } else {
-                if self.plan.joins(id) {
-                    self.dev.join()?;
-                }
-                self.dev.lane(false)?;
-            }
+            // graph, joined where their output is read.
+            self.lane_for(id, &ins)?;
             let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {

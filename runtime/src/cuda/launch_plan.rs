@@ -220,11 +220,6 @@ impl LaunchPlan {
         true
     }
 
-    /// Whether a side branch is open.
-    pub fn branch_open(&self) -> bool {
-        self.branch.open
-    }
-
     /// Closes the side branch: the next main step waits for it. Whether one was open.
     pub fn join(&mut self) -> bool {
         let open = std::mem::take(&mut self.branch.open);
