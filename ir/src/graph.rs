@@ -104,6 +104,18 @@ impl Graph {
         self.g.node_count() == 0
     }
 
+    /// `id` and every node it is computed from.
+    pub fn ancestors(&self, id: NodeId) -> std::collections::HashSet<NodeId> {
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![id];
+        while let Some(n) = todo.pop() {
+            if seen.insert(n) {
+                todo.extend(self.g.neighbors_directed(n, Direction::Incoming));
+            }
+        }
+        seen
+    }
+
     /// For each node, the position in `order()` of its last use (outputs live to the end),
     /// so an executor can free values early.
     pub fn last_uses(&self) -> Vec<usize> {

@@ -119,6 +119,7 @@ fn graph_building_refuses_mismatched_types() {
     let ids = g.add("ids", Op::Input { name: "ids".into(), ty: TensorType::i32(&[Dim::Tokens]) }, &[]).unwrap();
     assert!(g.add("norm", Op::RmsNormPlain { eps: 1e-6 }, &[ids]).is_err());
     let h = g.add("h", Op::Reshape { shape: Shape::of(&[Dim::Tokens, Dim::Const(1), Dim::Const(64)]) }, &[x]).unwrap();
+    assert_eq!(g.ancestors(h), [h, x].into_iter().collect(), "a node and what it is computed from");
     assert_eq!(g.node(h).ty.shape.eval(Bind { pos0: 0, tokens: 3 }), vec![3, 1, 64]);
     assert!(g.add("bad", Op::Reshape { shape: Shape::of(&[Dim::Const(64)]) }, &[x]).is_err());
 }

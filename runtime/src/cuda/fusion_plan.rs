@@ -165,18 +165,8 @@ fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
 /// output (its value would be read before the join).
 fn own_ancestors(g: &Graph, of: NodeId, others: &[NodeId]) -> Vec<NodeId> {
     use std::collections::HashSet;
-    let ancestors = |from: NodeId| {
-        let mut seen = HashSet::new();
-        let mut todo = vec![from];
-        while let Some(n) = todo.pop() {
-            if seen.insert(n) {
-                todo.extend(g.inputs(n));
-            }
-        }
-        seen
-    };
-    let theirs: HashSet<NodeId> = others.iter().flat_map(|&o| ancestors(o)).collect();
-    let mut own: Vec<NodeId> = ancestors(of).into_iter().filter(|n| !theirs.contains(n)).collect();
+    let theirs: HashSet<NodeId> = others.iter().flat_map(|&o| g.ancestors(o)).collect();
+    let mut own: Vec<NodeId> = g.ancestors(of).into_iter().filter(|n| !theirs.contains(n)).collect();
     own.retain(|&n| !matches!(g.node(n).op, Op::Input { .. } | Op::Weight { .. }));
     own.sort_by_key(|n| n.index());
     // Every reader of a branch node is a branch node (`of`'s readers aside).
