@@ -57,6 +57,8 @@ pub struct Device {
     /// buffer one lane has finished with may still be read by the other lane's queued
     /// steps, which are not ordered before anything queued later until the join.
     held: Mutex<Vec<(usize, sys::CUdeviceptr)>>,
+    /// Whether a branch is open: the plan's state, copied here so that a buffer's drop
+    /// need not take the plan's lock.
     branching: std::sync::atomic::AtomicBool,
     /// Executor runs in progress (sessions on other threads): side branches only while
     /// one is (`begin_run`).

@@ -87,8 +87,9 @@ pub(super) enum Link {
 struct Branch {
     /// Between a side step's marking and the join.
     open: bool,
-    /// The thread whose run opened it: only its steps go to the side lane (sessions on
-    /// other threads queue their steps at once, in the chain).
+    /// The thread whose run opened it: only its steps go to the side lane. (The device
+    /// opens no branch while two executor runs are in progress; this keeps out what other
+    /// threads queue outside a run, such as a new session's copies.)
     owner: Option<std::thread::ThreadId>,
     /// Steps queued now go to the side lane.
     side: bool,
