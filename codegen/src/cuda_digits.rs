@@ -108,9 +108,10 @@ pub fn matvec_params() -> Vec<QParam> {
 /// The down mat-vec's parameters: `out` (n floats) = Σ over picks p of `wts[p]` × the
 /// picked expert of `w` (rows of `row_bytes`, n rows an expert) against x row p's digits,
 /// plus `addend` where `has_addend` is 1 (the graph's `Add` of the shared expert's output,
-/// one f32 addition after the sum, as that op makes it).
+/// one f32 addition after the sum, as that op makes it); then the `hc_expand` of out
+/// (`cuda_hc_expand::params`, `enh` = 0 for none).
 pub fn down_params() -> Vec<QParam> {
-    vec![
+    let mut p = vec![
         QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "w", elem: BufElem::Bytes, mutable: false },
         QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: false },
@@ -124,7 +125,20 @@ pub fn down_params() -> Vec<QParam> {
         QParam::Scalar { name: "row_bytes" },
         QParam::Scalar { name: "picks" },
         QParam::Scalar { name: "has_addend" },
-    ]
+    ];
+    p.extend(crate::cuda_hc_expand::params());
+    p
+}
+
+/// Static shared memory of a down launch: the picks' row sums and the expand's staging.
+pub fn down_shared_bytes() -> u32 {
+    (MAX_PICKS * DOWN_ROWS_PER_BLOCK * 4) as u32 + crate::cuda_hc_expand::shared_bytes(DOWN_ROWS_PER_BLOCK)
+}
+
+/// Whether a down launch can also make the `hc_expand` of its output, of nh streams (the
+/// fewest threads a launch has: a warp).
+pub fn down_expand_fits(nh: usize) -> bool {
+    crate::cuda_hc_expand::fits(nh, DOWN_ROWS_PER_BLOCK, 32)
 }
 
 /// Whether a decode token's expert gate and up of type `ty`, n rows of k, can take
@@ -321,6 +335,7 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
 pub fn down_source() -> String {
     let mut s = format!("// {MATVEC_Q2_K}: Q2_K experts' down in dp4a against x's digits, summed over the picks (codegen/src/cuda_digits.rs).\n\n");
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
+    s.push_str(&crate::cuda_hc_expand::helpers());
     let _ = write!(
         s,
         r#"
@@ -329,7 +344,8 @@ pub fn down_source() -> String {
     // Warp p: pick p of the block's four rows.
     const unsigned long long p = threadIdx.x >> 5;
     const unsigned long long row0 = (unsigned long long)blockIdx.x * 4ull;
-    const int pick = ds4_sel[p];
+    // The expand's inputs (`cuda_hc_expand.rs`) on their way to shared memory.
+    {stage}    const int pick = ds4_sel[p];
     const unsigned char* const w = ds4_w + ((unsigned long long)(pick >= 0 ? pick : 0) * n + row0) * row_bytes;
     const unsigned int* const xw = (const unsigned int*)ds4_xd;
     const unsigned long long kw = picks * k / 4ull;
@@ -386,17 +402,23 @@ pub fn down_source() -> String {
         if (lane == 0u) parts[p][r] = v;
     }}
     __syncthreads();
-    // The picks' rows weighted and added in pick order (unused picks, -1, add nothing).
-    if (threadIdx.x < 4u) {{
+    // The picks' rows weighted and added in pick order (unused picks, -1, add nothing):
+    // row threadIdx.x % 4, by the threads that store it and those that expand it.
+    if (threadIdx.x < 4u * (enh != 0ull ? (unsigned int)enh : 1u)) {{
+        const unsigned int r = threadIdx.x % 4u;
         float acc = 0.0f;
         for (unsigned long long q = 0; q < picks; q++) {{
-            if (ds4_sel[q] >= 0) acc = acc + ds4_wts[q] * parts[q][threadIdx.x];
+            if (ds4_sel[q] >= 0) acc = acc + ds4_wts[q] * parts[q][r];
         }}
-        ds4_out[row0 + threadIdx.x] = has_addend != 0ull ? acc + ds4_addend[row0 + threadIdx.x] : acc;
+        const float y = has_addend != 0ull ? acc + ds4_addend[row0 + r] : acc;
+        if (threadIdx.x < 4u) ds4_out[row0 + r] = y;
+        {store}
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(MATVEC_Q2_K, &DOWN_MAX_THREADS.to_string(), &down_params())
+        store = crate::cuda_hc_expand::store_call(4, "row0", "0u", &|_| "y".into()),
+        entry = crate::cuda::own_entry(MATVEC_Q2_K, &DOWN_MAX_THREADS.to_string(), &down_params()),
+        stage = crate::cuda_hc_expand::stage_call(4, "row0", "0u")
     );
     s
 }

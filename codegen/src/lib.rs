@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod cuda_attention;
 pub mod cuda_attention_merge;
 pub mod cuda_digits;
+pub mod cuda_hc_expand;
 pub mod cuda_hc_mix;
 pub mod cuda_f16_vec;
 pub mod cuda_hc_pre;

@@ -10,7 +10,7 @@
 //! `attention_merge_rope`, `split_x_bf16x3`).
 
 use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -143,7 +143,7 @@ pub fn all() -> Vec<TextKernel> {
             threads: cuda_digits::down_threads(cuda_digits::MAX_PICKS),
             dyn_shared: 0,
             launch: format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": \"[32·picks ≤ {}, 1, 1]\"", cuda_digits::DOWN_ROWS_PER_BLOCK, 32 * cuda_digits::MAX_PICKS),
-            manifest_shared: 0,
+            manifest_shared: cuda_digits::down_shared_bytes(),
             source: |t| cuda_only(t, cuda_digits::down_source),
         },
         TextKernel {
@@ -161,7 +161,7 @@ pub fn all() -> Vec<TextKernel> {
             threads: cuda_matvec_dense::THREADS,
             dyn_shared: 0,
             launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1]", cuda_matvec_dense::DENSE_ROWS, cuda_matvec_dense::THREADS),
-            manifest_shared: (cuda_matvec_dense::THREADS / 32) * cuda_matvec_dense::DENSE_ROWS as u32 * 4,
+            manifest_shared: (cuda_matvec_dense::THREADS / 32) * cuda_matvec_dense::DENSE_ROWS as u32 * 4 + cuda_hc_expand::shared_bytes(cuda_matvec_dense::DENSE_ROWS as usize),
             source: cuda_matvec_dense::source,
         },
         TextKernel {

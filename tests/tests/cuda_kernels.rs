@@ -681,12 +681,35 @@ fn matvec_f16_vec_matches_the_f64_product() {
     }
 }
 
+/// The inputs of an `hc_expand` of `tokens` tokens of n channels and nh streams: the old
+/// streams and the mix (post weights in 0..2 and comb entries in 0..1, as the mix makes).
+fn expand_inputs(r: &mut Rng, tokens: usize, n: usize, nh: usize) -> (Vec<f32>, Vec<f32>) {
+    let mw = 2 * nh + nh * nh;
+    let streams = f32s(r, tokens * nh * n, -3.0, 3.0);
+    let mix: Vec<f32> = (0..tokens * mw).map(|i| if i % mw < 2 * nh { r.uniform(0.0, 2.0) as f32 } else { r.uniform(0.0, 1.0) as f32 }).collect();
+    (streams, mix)
+}
+
+/// A launch's expand (`cuda_hc_expand.rs`) against the IR's `hc_expand` in f32 (the CPU
+/// backend's op) of the y the launch stored, bit for bit.
+fn assert_expand_is_the_ops(kernel: &str, got: &[f32], y: &[f32], streams: &[f32], mix: &[f32], tokens: usize, n: usize, nh: usize) {
+    let mut want = vec![0f32; tokens * nh * n];
+    for t in 0..tokens {
+        ds4_ir::kernels::hc::hc_expand::<f32>(t, &mut want[t * nh * n..][..nh * n], y, streams, mix, nh, n);
+    }
+    let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    println!("{kernel}: the expand of {tokens} token(s), {n} channels, {nh} streams: {differ} values differ from hc_expand's");
+    assert_eq!(differ, 0, "{kernel}: the expand is not hc_expand's floats");
+}
+
 /// `matvec_dense_q8_0_r` (every row of Q8_0_R for each token, quant/cuda_matvec_dense.rs)
 /// against the f64 product of the de-quantized rows, to 1e-5 of Σ|w·x| as every mat-vec,
 /// and, where the generated `matvec_q8_0_r` takes a block per group of four rows (the
 /// same lanes over the same runs), bit for bit against it: a row count that leaves the
 /// last block short (its rows clamped, not written), row groups reading their own x, two
-/// tokens, and DeepSeek-V4-Flash's shapes at a shorter row.
+/// tokens, and DeepSeek-V4-Flash's shapes at a shorter row. Where a launch can take the
+/// `hc_expand` of its output (one row group), again with it: the same output, and the
+/// expand bit for bit the op's (1 to 5 streams).
 #[test]
 fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
     let Some(dev) = device() else { return };
@@ -709,9 +732,18 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
         let x = f32s(&mut r, tokens * groups * k, -1.0, 1.0);
         let (wb, xb, out, out_gen, dummy) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(256).unwrap());
         let (gx, gy) = cuda_matvec_dense::grid(n, tokens);
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng)];
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0)];
         launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
+        let nh = 1 + r.range(0, cuda_hc_mix::MAX_NH);
+        if cuda_matvec_dense::expand_fits(groups, nh) {
+            let (streams, mix) = expand_inputs(&mut r, tokens, n, nh);
+            let (sb, mb, eout, out2) = (dev.upload(&streams).unwrap(), dev.upload(&mix).unwrap(), dev.alloc(tokens * nh * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap());
+            let args = [Arg::Ptr(out2.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(eout.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(mb.ptr), u(nh)];
+            launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
+            assert!(out2.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the expand changed the output", cuda_matvec_dense::NAME);
+            assert_expand_is_the_ops(cuda_matvec_dense::NAME, &eout.read::<f32>(tokens * nh * n).unwrap(), &got, &streams, &mix, tokens, n, nh);
+        }
         let mut worst = 0f64;
         for t in 0..tokens {
             for row in 0..n {
@@ -740,7 +772,8 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
 /// `matvec_digits_q2_k` (a decode token's Q2_K expert down in dp4a against the picks' x
 /// rows as digits, summed over the picks with their weights) against the f64 product of
 /// the de-quantized rows, to 1e-5 of Σ|w·x|; random blocks (scales, mins, planes, d and
-/// dmin), x rows of mixed magnitudes, an unused pick (-1).
+/// dmin), x rows of mixed magnitudes, an unused pick (-1). With the addend, also the
+/// `hc_expand` of the output (1 to 5 streams), bit for bit the op's.
 #[test]
 fn digits_down_matches_the_f64_product() {
     let Some(dev) = device() else { return };
@@ -792,16 +825,24 @@ fn digits_down_matches_the_f64_product() {
         // floats as the sum alone plus it, one f32 addition.
         let addend: Vec<f32> = f32s(&mut r, n, -1.0, 1.0);
         let (ab, has_addend) = (dev.upload(&addend).unwrap(), case % 2 == 1);
-        let run = |out: &ds4_runtime::cuda::DeviceBuf, with: bool| {
-            let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), Arg::Ptr(ab.ptr), u(n), u(k), u(rb), u(picks), u(with as usize)];
+        let nh = 1 + r.range(0, cuda_hc_mix::MAX_NH);
+        let (streams, mix) = expand_inputs(&mut r, 1, n, nh);
+        let (stb, mb, eout) = (dev.upload(&streams).unwrap(), dev.upload(&mix).unwrap(), dev.alloc(nh * n * 4).unwrap());
+        let run = |out: &ds4_runtime::cuda::DeviceBuf, with: bool, expand: bool| {
+            let e = if expand { [Arg::Ptr(eout.ptr), Arg::Ptr(stb.ptr), Arg::Ptr(mb.ptr), u(nh)] } else { [Arg::Ptr(eout.ptr), Arg::Ptr(eout.ptr), Arg::Ptr(eout.ptr), u(0)] };
+            let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(wtb.ptr), Arg::Ptr(ab.ptr), u(n), u(k), u(rb), u(picks), u(with as usize), e[0], e[1], e[2], e[3]];
             launch(&dev, &mk.func, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), (cuda_digits::down_threads(picks), 1, 1), 0, &args).unwrap();
             out.read::<f32>(n).unwrap()
         };
-        let got = run(&out, false);
+        let got = run(&out, false, false);
         if has_addend {
-            let summed = run(&dev.alloc(n * 4).unwrap(), true);
+            let summed = run(&dev.alloc(n * 4).unwrap(), true, false);
             let same = summed.iter().zip(&got).zip(&addend).all(|((s, g), a)| s.to_bits() == (g + a).to_bits());
             assert!(same, "{}: the addend is not one f32 addition after the sum", cuda_digits::MATVEC_Q2_K);
+            assert!(cuda_digits::down_expand_fits(nh));
+            let expanded = run(&dev.alloc(n * 4).unwrap(), true, true);
+            assert!(expanded.iter().zip(&summed).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the expand changed the output", cuda_digits::MATVEC_Q2_K);
+            assert_expand_is_the_ops(cuda_digits::MATVEC_Q2_K, &eout.read::<f32>(nh * n).unwrap(), &expanded, &streams, &mix, 1, n, nh);
         }
         let mut worst = 0f64;
         let mut wrow = vec![0f32; k];

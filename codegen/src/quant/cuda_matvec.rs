@@ -470,9 +470,13 @@ pub(super) fn warps_total(w: &mut dyn FnMut(usize, &str), depth: usize, red: &st
     w(depth + 1, &format!("if (lane == 0u) {red}[warp][r] = v;"));
     w(depth, "}");
     w(depth, "__syncthreads();");
-    let total: Vec<String> = (0..MATVEC_WARPS).map(|i| format!("{red}[{i}][ds4_tid]")).collect();
-    w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {out}[ds4_by * n + {first} + ds4_tid] = {}; }}", total.join(" + ")));
+    w(depth, &format!("if (ds4_tid < {rows}ull && {first} + ds4_tid < n) {{ {out}[ds4_by * n + {first} + ds4_tid] = {}; }}", warps_sum(red, "ds4_tid")));
     w(depth, "__syncthreads();");
+}
+
+/// Row `r`'s total from the warps' sums in `red`, added in warp order.
+pub(super) fn warps_sum(red: &str, r: &str) -> String {
+    (0..MATVEC_WARPS).map(|i| format!("{red}[{i}][{r}]")).collect::<Vec<_>>().join(" + ")
 }
 
 /// A warp's sums `acc[r]` of rows `g0 + r` (the `rows` of its group) over its lanes, stored

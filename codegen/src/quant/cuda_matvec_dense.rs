@@ -25,7 +25,7 @@
 //! generated kernel's, added in the same order within a lane (`cuda_kernels` holds it to
 //! the mat-vec bound).
 
-use super::cuda_matvec::{reads_in_place, warps_total, BLOCK_GROUPS_FROM, DIRECT_BUFS, MATVEC_WARPS, RUN_UNROLL};
+use super::cuda_matvec::{reads_in_place, warps_sum, warps_total, BLOCK_GROUPS_FROM, DIRECT_BUFS, MATVEC_WARPS, RUN_UNROLL};
 use super::runs::{Token, Walk};
 use super::{BufElem, Lower, QParam, QuantGenError, Reads};
 use crate::Target;
@@ -47,11 +47,20 @@ pub const MIN_BLOCKS: u32 = 8;
 
 /// Parameters in launch order: out (m · n floats), the weights (n rows of `row_bytes`),
 /// x (token t's row group g at (t · groups + g) · k), rows, row length, bytes a row,
-/// row groups, rows a group.
+/// row groups, rows a group; then the expand's (`cuda_hc_expand::params`, `enh` = 0 for
+/// none).
 pub fn params() -> Vec<QParam> {
     let b = |name, elem, mutable| QParam::Buffer { name, elem, mutable };
     let s = |name| QParam::Scalar { name };
-    vec![b("out", BufElem::F32, true), b("w", BufElem::Bytes, false), b("x", BufElem::F32, false), s("n"), s("k"), s("row_bytes"), s("groups"), s("ng")]
+    let mut p = vec![b("out", BufElem::F32, true), b("w", BufElem::Bytes, false), b("x", BufElem::F32, false), s("n"), s("k"), s("row_bytes"), s("groups"), s("ng")];
+    p.extend(crate::cuda_hc_expand::params());
+    p
+}
+
+/// Whether a launch can also make the `hc_expand` of its output (`cuda_hc_expand.rs`): one
+/// row group (the output is a token's y) of nh streams.
+pub fn expand_fits(groups: usize, nh: usize) -> bool {
+    groups == 1 && crate::cuda_hc_expand::fits(nh, DENSE_ROWS as usize, THREADS as usize)
 }
 
 /// Whether a mat-vec takes this kernel: weights of [`DENSE_TYPE`], every row once (no
@@ -90,6 +99,7 @@ pub fn source(target: Target) -> Option<String> {
     let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Aligned, run_elem: None, dot: true };
     let mut src = syn.prelude(NAME, spec);
     src.push_str(&lower.helpers().ok()?);
+    src.push_str(&crate::cuda_hc_expand::helpers());
     src.push_str(&syn.kernel_open(NAME, &params(), 0, Some(MIN_BLOCKS)));
     src.push_str(&lower.dense_body().ok()?);
     src.push_str("}\n");
@@ -117,6 +127,8 @@ impl Lower<'_> {
         ] {
             w(1, &l);
         }
+        // The expand's inputs on their way to shared memory while the rows are read.
+        w(1, &crate::cuda_hc_expand::stage_call(rows, "g0", "blockIdx.y"));
         // Rows past the last read the last one (a valid address; nothing stores them).
         for (r, b) in DIRECT_BUFS.iter().enumerate().take(rows as usize).skip(1) {
             w(1, &format!("const unsigned char* const {b} = ds4_wd0 + (g0 + {r}u < last ? {r}u : last - g0) * rb;"));
@@ -129,6 +141,7 @@ impl Lower<'_> {
         }
         w(1, &format!("__shared__ float ds4_red[{MATVEC_WARPS}][{rows}];"));
         warps_total(&mut w, 1, "ds4_red", rows, "acc", "g0", &self.syn.buffer("out"));
+        w(1, &crate::cuda_hc_expand::store_call(rows, "g0", "blockIdx.y", &|q| warps_sum("ds4_red", q)));
         Ok(o)
     }
 }

@@ -73,6 +73,24 @@ fn fused(made: &mut HashMap<usize, GVal>, ahead: Vec<(usize, GVal)>) -> GVal {
     GVal::Freed
 }
 
+/// A hyper-connection expand made by the launch that makes its y (`cuda_hc_expand.rs`):
+/// its node, the new streams (`len` floats), the old streams' and the mix's addresses, nh.
+struct ExpandTo {
+    node: ds4_ir::NodeId,
+    out: DeviceBuf,
+    len: usize,
+    r: u64,
+    mix: u64,
+    nh: usize,
+}
+
+impl ExpandTo {
+    /// The new streams as the expand node's value.
+    fn value(self) -> (usize, GVal) {
+        (self.node.index(), GVal::F(DevSlice::whole(self.out, self.len)))
+    }
+}
+
 /// The weight a MatMul node reads (its input 1).
 fn weight_of(g: &Graph, id: ds4_ir::NodeId) -> Result<String, ExecError> {
     g.weight_name(g.inputs(id)[1]).map(str::to_string).ok_or_else(|| ExecError::Internal(format!("{}: a matmul's weight is not a weight node", g.node(id).label)))
@@ -497,9 +515,11 @@ impl GpuExecutor<'_> {
     /// the SwiGLU of the gate rows `g` and the up rows `u` with clamp `clamp`, which its
     /// digits are taken of), summed over the picks with their weights, as one integer
     /// launch (`digits_down_fits`). `addend`: n floats added to the sum, one f32 addition
-    /// (the graph's `Add` of the shared expert: `fusion_plan.rs`).
+    /// (the graph's `Add` of the shared expert: `fusion_plan.rs`); `expand`: the
+    /// `hc_expand` of out, made too where the kernel can; returns whether it was.
     #[allow(clippy::too_many_arguments)]
-    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, n: usize, k: usize, picks: usize) -> Result<(), ExecError> {
+    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
+        let expand = expand.filter(|e| cuda_digits::down_expand_fits(e.nh));
         let (xd, xs, xsum) = self.x_digits(g, picks * k, Some((u_rows, clamp)))?;
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
@@ -517,13 +537,14 @@ impl GpuExecutor<'_> {
             ("picks", u(picks)),
             ("has_addend", u(addend.is_some() as usize)),
         ];
+        let named: Vec<_> = named.into_iter().chain(self.expand_args(expand)).collect();
         // The addend (the shared expert) may come from a side branch: it joins here.
         if addend.is_some() {
             self.join()?;
         }
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
-        Ok(())
+        Ok(expand.is_some())
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -595,18 +616,24 @@ impl GpuExecutor<'_> {
     }
 
     /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
+    /// `expand`: the `hc_expand` of out, made by the same launch where its kernel can
+    /// (the dense one); returns whether it was.
     #[allow(clippy::too_many_arguments)]
-    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
+    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize, expand: Option<&ExpandTo>) -> Result<bool, ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
         // A token's F16 rows in 16-byte loads (cuda_f16_vec.rs).
         if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("ng", u(ng))];
-            return self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named);
+            self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named)?;
+            return Ok(false);
         }
         // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs).
         if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x).is_multiple_of(16) && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
-            let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
-            return self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named);
+            let expand = expand.filter(|e| cuda_matvec_dense::expand_fits(groups, e.nh));
+            let mut named = vec![("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
+            named.extend(self.expand_args(expand));
+            self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named)?;
+            return Ok(expand.is_some());
         }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
         let named = [
@@ -626,7 +653,32 @@ impl GpuExecutor<'_> {
             ("has_wts", u(wts.is_some() as usize)),
             ("row_blocks", u(row_blocks)),
         ];
-        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (row_blocks as u32, m as u32), &named)
+        self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (row_blocks as u32, m as u32), &named)?;
+        Ok(false)
+    }
+
+    /// The `hc_expand` (`fusion_plan`'s `expand`) whose y is node `y`, a decode token's
+    /// `d` values, for the launch that makes y to make too: None where the plan has none,
+    /// `DS4_EXPAND=0`, or its streams and mix are not a token's floats.
+    fn expand_to(&self, y: ds4_ir::NodeId, vals: &HashMap<usize, GVal>, d: usize) -> Result<Option<ExpandTo>, ExecError> {
+        let Some(node) = self.plan.expand(y).filter(|_| !switched_off!("DS4_EXPAND")) else { return Ok(None) };
+        let Op::HcExpand { nh } = self.graph.node(node).op else { return Ok(None) };
+        let ins = self.graph.inputs(node);
+        let (Some(GVal::F(r)), Some(GVal::F(mix))) = (vals.get(&ins[1].index()), vals.get(&ins[2].index())) else { return Ok(None) };
+        if r.len != nh * d || mix.len != 2 * nh + nh * nh {
+            return Ok(None);
+        }
+        Ok(Some(ExpandTo { node, out: self.dev.alloc(nh * d * 4)?, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
+    }
+
+    /// A launch's expand arguments (`cuda_hc_expand::params`; `enh` 0 for none).
+    fn expand_args(&self, e: Option<&ExpandTo>) -> [(&'static str, Arg); 4] {
+        [
+            ("eout", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.out.ptr))),
+            ("er", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.r))),
+            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.mix))),
+            ("enh", Arg::U64(e.map_or(0, |e| e.nh as u64))),
+        ]
     }
 
     /// `out[t·n + r] = W[r] · x[(t·groups + r / ng)·k ..]` for m > 1 tokens: on tensor
@@ -843,7 +895,11 @@ impl GpuExecutor<'_> {
                         let total: usize = group.iter().map(|&(_, r)| r).sum();
                         let out = std::sync::Arc::new(self.dev.alloc(total * 4)?);
                         let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
-                        self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total)?;
+                        // A lone mat-vec may make the expand of its output (`attn_output_b`).
+                        let expand = if group.len() == 1 { self.expand_to(id, &vals, n)? } else { None };
+                        if self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total, expand.as_ref())? {
+                            made.extend(expand.map(ExpandTo::value));
+                        }
                         let mut off = n;
                         for &(other, rows) in &group[1..] {
                             made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
@@ -859,7 +915,7 @@ impl GpuExecutor<'_> {
                     if m > 1 {
                         self.matmul(&out, w(1)?, x, n, kg, m, *groups, n / groups)?;
                     } else {
-                        self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups)?;
+                        self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups, None)?;
                     }
                     GVal::F(DevSlice::whole(out, n_out))
                 }
@@ -896,8 +952,8 @@ impl GpuExecutor<'_> {
                         }
                         None if t == 1 && self.digits_experts(&gb, &ub, gate, up, a, sel, ff, d, k)? => {}
                         None => {
-                            self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
-                            self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff)?;
+                            self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff, None)?;
+                            self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff, None)?;
                         }
                     }
                     // A decode's integer down takes the digits of the SwiGLU, made by
@@ -910,7 +966,12 @@ impl GpuExecutor<'_> {
                             Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
                             _ => None,
                         });
-                        self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), d, ff, k)?;
+                        // And the expand of what it makes (the add's value, or its own).
+                        let expand = self.expand_to(add.map_or(id, |(add, _)| add), &vals, d)?;
+                        let expanded = self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?;
+                        if expanded {
+                            made.extend(expand.map(ExpandTo::value));
+                        }
                         let value = GVal::F(DevSlice::whole(out, n_out));
                         match add {
                             Some((add, _)) => fused(&mut made, vec![(add.index(), value)]),
@@ -928,7 +989,7 @@ impl GpuExecutor<'_> {
                             }
                             None => {
                                 let out = self.dev.alloc(n_out * 4)?;
-                                self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d)?;
+                                self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d, None)?;
                                 GVal::F(DevSlice::whole(out, n_out))
                             }
                         }

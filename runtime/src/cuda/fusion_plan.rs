@@ -4,7 +4,9 @@
 //! (`hc_pre.rs`), the norm-RoPE chains (`norm_rope.rs`) and the routing chains
 //! (`router.rs`), each by the node where its launch goes; the `Add` after the routed
 //! experts that the integer down projection makes (`moe_add`); the RoPE that the attention
-//! merge makes (`attention_rope`: the inverse RoPE of the attention's output); and each
+//! merge makes (`attention_rope`: the inverse RoPE of the attention's output); the
+//! hyper-connection expand that the launch making its y makes (`expand`:
+//! `ds4_codegen::cuda_hc_expand`); and each
 //! RoPE node's
 //! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
 //! is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
@@ -28,6 +30,7 @@ pub struct FusionPlan {
     router: HashMap<usize, RouterChain>,
     moe_add: HashMap<usize, (NodeId, NodeId)>,
     attention_rope: HashMap<usize, NodeId>,
+    expand: HashMap<usize, NodeId>,
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
@@ -80,6 +83,14 @@ impl FusionPlan {
                     let ins = g.inputs(id);
                     plan.branch(&own_ancestors(g, ins[0], &ins[1..]), Branch::Query, id);
                 }
+                Op::HcExpand { .. } => {
+                    // Its streams and mix are made before its y (graph order is node
+                    // order), so the launch making y has them.
+                    let ins = g.inputs(id);
+                    if ins[1].index() < ins[0].index() && ins[2].index() < ins[0].index() {
+                        plan.expand.insert(ins[0].index(), id);
+                    }
+                }
                 Op::MoeExperts { .. } => {
                     if let Some(a) = moe_add_at(g, id) {
                         plan.moe_add.insert(i, a);
@@ -117,6 +128,11 @@ impl FusionPlan {
     /// The RoPE that is attention node `attn`'s only reader.
     pub fn attention_rope(&self, attn: NodeId) -> Option<NodeId> {
         self.attention_rope.get(&attn.index()).copied()
+    }
+
+    /// The `HcExpand` whose y is node `y` (a launch making y may make it too).
+    pub fn expand(&self, y: NodeId) -> Option<NodeId> {
+        self.expand.get(&y.index()).copied()
     }
 
     /// Records `nodes` (none: no branch) as a side branch joined before `join`.
@@ -213,13 +229,13 @@ mod tests {
     /// On the tiny golden model the plan holds what the chain finders find node by node,
     /// a pre chain where both a pre chain and a norm-RoPE chain could start (none does),
     /// each layer's shared-expert add after its routed experts and inverse RoPE after its
-    /// attention, and a key for every RoPE node.
+    /// attention, each sublayer's expand at its y, and a key for every RoPE node.
     #[test]
     fn tiny_model_plan_is_the_chain_finders_node_by_node() {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query) = (0, 0, 0, 0, 0, 0, 0, 0);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands) = (0, 0, 0, 0, 0, 0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -253,6 +269,10 @@ mod tests {
             if let Op::Attention { .. } = g.node(id).op {
                 assert!(plan.joins(id) && plan.side(g.inputs(id)[0]) == Some(Branch::Query), "{}: joins the query's branch", g.node(id).label);
             }
+            if let Some(e) = plan.expand(id) {
+                assert!(matches!(g.node(e).op, Op::HcExpand { .. }) && g.inputs(e)[0] == id, "{}", g.node(id).label);
+                expands += 1;
+            }
             pre += plan.hc_pre(id).is_some() as usize;
             nr += plan.norm_rope(id).is_some() as usize;
             rt += plan.router(id).is_some() as usize;
@@ -260,6 +280,7 @@ mod tests {
         assert_eq!(pre, 2 * model.hp.n_layer, "two pre chains a layer");
         assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
+        assert_eq!(expands, 2 * model.hp.n_layer, "an expand after every sublayer, at its y");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
         assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
         assert!(query >= 2 * model.hp.n_layer, "the query's q_b, norm and RoPE on the side branch: {query}");
