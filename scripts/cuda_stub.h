@@ -25,6 +25,7 @@ inline void __syncwarp(unsigned int = 0xffffffffu) {}
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned, int = 32) { return v; }
+template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned, int = 32) { return v; }
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __ldcg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned int) { return 0.0f; }
@@ -52,6 +53,8 @@ inline void __threadfence() {}
 inline unsigned int __activemask() { return 0xffffffffu; }
 inline unsigned int __ballot_sync(unsigned, int) { return 0u; }
 inline int __popc(unsigned int) { return 0; }
+inline unsigned int __match_any_sync(unsigned, unsigned int) { return 0u; }
+inline int __ffs(unsigned int) { return 0; }
 inline unsigned int __vsub4(unsigned int a, unsigned int) { return a; }
 inline int __dp4a(int a, int, int c) { return a + c; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }

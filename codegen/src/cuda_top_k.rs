@@ -17,7 +17,9 @@
 //! -0 is keyed as +0 (they are equal scores, so their tie goes to the lower index).
 //!
 //! The row's keys take 8 bytes each, rounded up to a power of two ([`sort_len`]): rows of
-//! up to [`MAX_N`] scores fit ([`fits`]); the runtime runs the generated kernel otherwise.
+//! up to [`MAX_N`] scores fit ([`fits`]). The runtime takes it for rows of up to
+//! `cuda_top_k_radix::FROM_N` scores (the router's); longer rows (the indexer's) take
+//! `top_k_radix`, whose time grows with n rather than n·log²(n).
 
 use crate::Target;
 use ds4_ir::kir::Kernel;

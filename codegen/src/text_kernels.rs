@@ -10,7 +10,7 @@
 //! `attention_merge_rope`, `split_x_bf16x3`).
 
 use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -100,6 +100,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_n\": {}", cuda_top_k::MAX_THREADS, cuda_top_k::MAX_N),
             manifest_shared: cuda_top_k::MAX_SHARED_BYTES,
             source: cuda_top_k::source,
+        },
+        TextKernel {
+            name: cuda_top_k_radix::NAME,
+            params: TextParams::Contract(cuda_top_k::contract()),
+            threads: cuda_top_k_radix::THREADS,
+            dyn_shared: cuda_top_k_radix::MAX_SHARED_BYTES,
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_k\": {}, \"from_n\": {}", cuda_top_k_radix::THREADS, cuda_top_k_radix::MAX_K, cuda_top_k_radix::FROM_N),
+            manifest_shared: cuda_top_k_radix::MAX_SHARED_BYTES,
+            source: cuda_top_k_radix::source,
         },
         TextKernel {
             name: cuda_hc_pre::NAME,

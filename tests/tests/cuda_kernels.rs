@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -957,20 +957,22 @@ fn attention_merge_rope_matches_merge_then_rope() {
     }
 }
 
-/// `top_k_sort` (a block sorts its row) against the reference `top_k` (the Rust body the
-/// IR kernel is made from): the same picks, in the same order, on rows with ties, -inf,
-/// NaN and both zeros, from 1 to `MAX_N` scores (the router's 6 of 256, the indexer's 512
-/// of 2048), k below and above n, several rows a launch.
+/// `top_k_sort` (a block sorts its row) and `top_k_radix` (a radix selection, then a sort
+/// of the picks) against the reference `top_k` (the Rust body the IR kernel is made from):
+/// the same picks, in the same order, on rows with ties, -inf, NaN and both zeros, from 1
+/// to `MAX_N` scores (the router's 6 of 256, the indexer's 512 of 2048) and, for the radix
+/// selection, past it (the indexer's rows at ctx 160K), k below and above n, several rows
+/// a launch. Then both kernels' times on rows of uniform scores, k = 512.
 #[test]
-fn top_k_sort_picks_what_top_k_picks() {
+fn top_k_kernels_pick_what_top_k_picks() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
-    let gpu = ks.get(cuda_top_k::NAME).unwrap();
+    let (sort, radix) = (ks.get(cuda_top_k::NAME).unwrap(), ks.get(cuda_top_k_radix::NAME).unwrap());
     let mut r = Rng(seed());
-    let sizes = [1, 2, 5, 31, 256, 300, 1000, 2048, 5000, cuda_top_k::MAX_N];
+    let sizes = [1, 2, 5, 31, 256, 300, 1000, 2048, 5000, cuda_top_k::MAX_N, 40_000];
     for (case, &n) in sizes.iter().enumerate() {
         let items = 1 + case % 3;
-        for k in [1, 6, 512, n, n + 3] {
+        for k in [1, 6, 512, n, n + 3].into_iter().filter(|&k| cuda_top_k::fits(n) || cuda_top_k_radix::fits(k)) {
             // Few distinct values (ties), some -inf, NaN, -0.0 and +0.0.
             let scores: Vec<f32> = (0..items * n)
                 .map(|_| match r.range(0, 12) {
@@ -988,11 +990,41 @@ fn top_k_sort_picks_what_top_k_picks() {
             }
             let (s_buf, out) = (dev.upload(&scores).unwrap(), dev.alloc(items * k * 4).unwrap());
             let args = [Arg::Ptr(out.ptr), Arg::Ptr(s_buf.ptr), Arg::U64(n as u64), Arg::U64(k as u64)];
-            launch(&dev, &gpu.func, (items as u32, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap();
-            let got: Vec<i32> = out.read(items * k).unwrap();
-            assert_eq!(got, want, "top_k_sort: {items} rows of {n}, k {k}");
+            if cuda_top_k::fits(n) {
+                launch(&dev, &sort.func, (items as u32, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap();
+                let got: Vec<i32> = out.read(items * k).unwrap();
+                assert_eq!(got, want, "top_k_sort: {items} rows of {n}, k {k}");
+            }
+            if cuda_top_k_radix::fits(k) {
+                let out2 = dev.alloc(items * k * 4).unwrap();
+                let args = [Arg::Ptr(out2.ptr), Arg::Ptr(s_buf.ptr), Arg::U64(n as u64), Arg::U64(k as u64)];
+                launch(&dev, &radix.func, (items as u32, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap();
+                let got: Vec<i32> = out2.read(items * k).unwrap();
+                assert_eq!(got, want, "top_k_radix: {items} rows of {n}, k {k}");
+            }
         }
-        println!("top_k_sort: {items} rows of {n} scores: the reference's picks");
+        println!("top_k_sort, top_k_radix: {items} rows of {n} scores: the reference's picks");
+    }
+    // Times (µs a launch of one row, the best of 20) of both on the indexer's rows.
+    for n in [1024usize, 2048, 4096, 8192, cuda_top_k::MAX_N, 65_536] {
+        let k = 512;
+        let scores = f32s(&mut r, n, -3.0, 3.0);
+        let (s_buf, out) = (dev.upload(&scores).unwrap(), dev.alloc(k * 4).unwrap());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(s_buf.ptr), Arg::U64(n as u64), Arg::U64(k as u64)];
+        let time = |f: &dyn Fn()| {
+            let mut best = f64::INFINITY;
+            for _ in 0..20 {
+                dev.synchronize().unwrap();
+                let t0 = std::time::Instant::now();
+                f();
+                dev.synchronize().unwrap();
+                best = best.min(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            best
+        };
+        let t_sort = if cuda_top_k::fits(n) { time(&|| launch(&dev, &sort.func, (1, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap()) } else { f64::NAN };
+        let t_radix = time(&|| launch(&dev, &radix.func, (1, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap());
+        println!("top_k of {k} from {n} uniform scores: top_k_sort {t_sort:.1} µs, top_k_radix {t_radix:.1} µs (host-timed, a launch each)");
     }
 }
 

@@ -16,7 +16,7 @@ use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
 use ds4_codegen::quant::cuda_matvec_dense;
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -1084,17 +1084,25 @@ impl GpuExecutor<'_> {
                 Op::TopK { k } => {
                     let n = last(0);
                     let named = [("scores", f(0)?), ("n", u(n)), ("k", u(*k))];
-                    match self.kernels.by_name.get(cuda_top_k::NAME).filter(|_| cuda_top_k::fits(n) && n_out > 0) {
-                        // A block sorts each row in shared memory (cuda_top_k.rs).
+                    // Long rows (the indexer's at long contexts): a radix selection, then a
+                    // sort of the k picks (cuda_top_k_radix.rs; `DS4_TOP_K_RADIX=0` turns it
+                    // off); shorter ones: a block sorts each row in shared memory
+                    // (cuda_top_k.rs). Both: a block a row.
+                    let radix = (n > cuda_top_k_radix::FROM_N || !cuda_top_k::fits(n)) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_RADIX");
+                    let block = match radix {
+                        true => (cuda_top_k_radix::NAME, cuda_top_k_radix::THREADS, cuda_top_k_radix::shared_bytes(n, *k)),
+                        false => (cuda_top_k::NAME, cuda_top_k::threads(n), cuda_top_k::shared_bytes(n)),
+                    };
+                    match self.kernels.by_name.get(block.0).filter(|_| (radix || cuda_top_k::fits(n)) && n_out > 0) {
                         Some(kl) => {
                             let out = self.dev.alloc(n_out * 4)?;
                             let mut all = vec![("out", Arg::Ptr(out.ptr))];
                             all.extend_from_slice(&named);
-                            self.call_threads(kl, cuda_top_k::NAME, ((n_out / k) as u32, 1, 1), cuda_top_k::threads(n), cuda_top_k::shared_bytes(n), &all)?;
+                            self.call_threads(kl, block.0, ((n_out / k) as u32, 1, 1), block.1, block.2, &all)?;
                             GVal::I(DevSlice::whole(out, n_out))
                         }
-                        // Longer rows: by rank, a candidate's rank a scan of up to n scores,
-                        // one candidate per thread, an item over as many blocks as that takes.
+                        // Otherwise by rank, a candidate's rank a scan of up to n scores, one
+                        // candidate per thread, an item over as many blocks as that takes.
                         None => {
                             let GVal::F(s) = self.op_over("top_k", n_out, *k, (n.max(1), 1), &named)? else { unreachable!() };
                             GVal::I(s)
