@@ -101,6 +101,15 @@ __device__ __forceinline__ void ds4_sort_keys(unsigned long long* const keys, co
         }
     }
 }
+
+// Sorts `len` keys (a power of two) descending and writes the candidates of the first
+// `picked` to out[0 .. k], -1 past them: the picks of a row, by the whole block.
+__device__ __forceinline__ void ds4_sort_and_pick(unsigned long long* const keys, const unsigned int len, int* const out, const unsigned long long k, const unsigned int picked) {
+    ds4_sort_keys(keys, len);
+    for (unsigned long long p = threadIdx.x; p < k; p += blockDim.x) {
+        out[p] = p < picked ? ds4_top_k_index(keys[p]) : -1;
+    }
+}
 "#;
 
 const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
@@ -125,11 +134,7 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
         atomicAdd(&ds4_chosen, mine);
     }
     __syncthreads();
-    ds4_sort_keys(ds4_keys, len);
-    const unsigned int chosen = ds4_chosen;
-    for (usize p = threadIdx.x; p < k; p += blockDim.x) {
-        out[item * k + p] = p < chosen ? ds4_top_k_index(ds4_keys[p]) : -1;
-    }
+    ds4_sort_and_pick(ds4_keys, len, out + item * k, k, ds4_chosen);
 "#;
 
 #[cfg(test)]

@@ -175,10 +175,7 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
         ds4_keys[i] = 0ull;
     }
     __syncthreads();
-    ds4_sort_keys(ds4_keys, len);
-    for (usize p = threadIdx.x; p < k; p += blockDim.x) {
-        out[item * k + p] = p < picked ? ds4_top_k_index(ds4_keys[p]) : -1;
-    }
+    ds4_sort_and_pick(ds4_keys, len, out + item * k, k, picked);
 "#;
 
 #[cfg(test)]
