@@ -692,6 +692,7 @@ fn expand_inputs(r: &mut Rng, tokens: usize, n: usize, nh: usize) -> (Vec<f32>, 
 
 /// A launch's expand (`cuda_hc_expand.rs`) against the IR's `hc_expand` in f32 (the CPU
 /// backend's op) of the y the launch stored, bit for bit.
+#[allow(clippy::too_many_arguments)]
 fn assert_expand_is_the_ops(kernel: &str, got: &[f32], y: &[f32], streams: &[f32], mix: &[f32], tokens: usize, n: usize, nh: usize) {
     let mut want = vec![0f32; tokens * nh * n];
     for t in 0..tokens {
