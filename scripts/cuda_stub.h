@@ -52,6 +52,7 @@ inline int atomicMax(int* p, int v) { return *p = v; }
 inline void __threadfence() {}
 inline unsigned int __activemask() { return 0xffffffffu; }
 inline unsigned int __ballot_sync(unsigned, int) { return 0u; }
+inline int __all_sync(unsigned, int) { return 0; }
 inline int __popc(unsigned int) { return 0; }
 inline unsigned int __match_any_sync(unsigned, unsigned int) { return 0u; }
 inline int __ffs(unsigned int) { return 0; }
