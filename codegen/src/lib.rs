@@ -13,6 +13,7 @@ pub mod cuda_hc_expand;
 pub mod cuda_hc_mix;
 pub mod cuda_f16_vec;
 pub mod cuda_hc_pre;
+pub mod cuda_indexer_scores;
 pub mod cuda_norm_rope;
 pub mod cuda_router;
 pub mod cuda_top_k;

@@ -12,7 +12,7 @@
 
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::text_kernels::{self, TextParams};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -75,6 +75,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         // A row's RMS norm, RoPE and FP8 round trip in one launch (the attention's query
         // heads and KV row).
         Op::Rope { .. } => &[cuda_norm_rope::NAME],
+        // A decode token's indexer scores in one launch (its dots and their combination).
+        Op::IndexerScores { .. } => &[cuda_indexer_scores::NAME],
         // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N), or
         // by radix selection then a sort of the k picks (long rows).
         Op::TopK { .. } => &[cuda_top_k::NAME, cuda_top_k_radix::NAME],

@@ -10,7 +10,7 @@
 //! `attention_merge_rope`, `split_x_bf16x3`).
 
 use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -109,6 +109,19 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_k\": {}, \"from_n\": {}", cuda_top_k_radix::THREADS, cuda_top_k_radix::MAX_K, cuda_top_k_radix::FROM_N),
             manifest_shared: cuda_top_k_radix::MAX_SHARED_BYTES,
             source: cuda_top_k_radix::source,
+        },
+        TextKernel {
+            name: cuda_indexer_scores::NAME,
+            params: TextParams::Own(cuda_indexer_scores::params()),
+            threads: 1024,
+            dyn_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
+            launch: format!(
+                "\"grid\": \"[min(ceil(n_rows / {}), 2 · SMs), tokens ≤ {}, 1]\", \"block\": \"[4 · heads in whole warps, 1, 1]\"",
+                cuda_indexer_scores::TILE_ROWS,
+                cuda_indexer_scores::MAX_TOKENS
+            ),
+            manifest_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
+            source: |t| cuda_only(t, cuda_indexer_scores::source),
         },
         TextKernel {
             name: cuda_hc_pre::NAME,

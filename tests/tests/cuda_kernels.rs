@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -1026,6 +1026,61 @@ fn top_k_kernels_pick_what_top_k_picks() {
         let t_sort = if cuda_top_k::fits(n) { time(&|| launch(&dev, &sort.func, (1, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap()) } else { f64::NAN };
         let t_radix = time(&|| launch(&dev, &radix.func, (1, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap());
         println!("top_k of {k} from {n} uniform scores: top_k_sort {t_sort:.1} µs, top_k_radix {t_radix:.1} µs (host-timed, a launch each)");
+    }
+}
+
+/// `indexer_scores_vec` (a decode token's indexer scores in one launch) against the CPU's
+/// f32 `indexer_head_dots` then `indexer_combine`, bit for bit: 1 to `MAX_TOKENS` tokens,
+/// the model's 64 heads of 128 and odd sizes, rows the first tokens may not see yet (-inf),
+/// a tile's rows cut short. Then its time at the indexer's rows of ctx 8K to 256K.
+#[test]
+fn indexer_scores_vec_is_the_cpus_floats() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let k = ks.get(cuda_indexer_scores::NAME).unwrap();
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    let sms = 132;
+    for (heads, dk) in [(64, 128), (64, 128), (7, 4), (3, 36), (128, 64)] {
+        let tokens = r.range(1, cuda_indexer_scores::MAX_TOKENS + 1);
+        let (n_rows, ratio) = (r.range(1, 3000), 4);
+        // The last token sees every row but up to 39, the earlier ones one fewer at most.
+        let pos0 = ratio * n_rows - tokens - ratio * r.range(0, n_rows.min(40));
+        let (q, w, rows) = (f32s(&mut r, tokens * heads * dk, -1.0, 1.0), f32s(&mut r, tokens * heads, -1.0, 1.0), f32s(&mut r, n_rows * dk, -1.0, 1.0));
+        let mut dots = vec![0f32; tokens * heads * n_rows];
+        for item in 0..tokens * heads {
+            ds4_ir::kernels::compress::indexer_head_dots::<f32>(item, &mut dots[item * n_rows..][..n_rows], &q, &rows, n_rows, heads, dk, pos0, ratio);
+        }
+        let mut want = vec![0f32; tokens * n_rows];
+        for t in 0..tokens {
+            ds4_ir::kernels::compress::indexer_combine::<f32>(t, &mut want[t * n_rows..][..n_rows], &dots, &w, n_rows, heads, dk, pos0, ratio);
+        }
+        let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(tokens * n_rows * 4).unwrap());
+        assert!(cuda_indexer_scores::fits(tokens, heads, dk));
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(pos0), u(ratio)];
+        let grid = (cuda_indexer_scores::blocks(n_rows, sms), tokens as u32, 1);
+        launch(&dev, &k.func, grid, (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap();
+        let got: Vec<f32> = out.read(tokens * n_rows).unwrap();
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let hidden = want.iter().filter(|v| **v == f32::NEG_INFINITY).count();
+        println!("indexer_scores_vec: {tokens} tokens × {heads} heads of {dk}, {n_rows} rows ({hidden} scores not visible): {differ} differ");
+        assert_eq!(differ, 0, "indexer_scores_vec off the CPU's floats ({tokens} × {heads} × {dk}, {n_rows} rows)");
+    }
+    // Time (µs a launch, host-timed, the best of 20) at the indexer's shapes.
+    let (heads, dk) = (64, 128);
+    for n_rows in [2048usize, 8192, 16384, 65536] {
+        let (q, w, rows) = (f32s(&mut r, heads * dk, -1.0, 1.0), f32s(&mut r, heads, -1.0, 1.0), f32s(&mut r, n_rows * dk, -1.0, 1.0));
+        let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(n_rows * 4).unwrap());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(4 * n_rows - 1), u(4)];
+        let mut best = f64::INFINITY;
+        for _ in 0..20 {
+            dev.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            launch(&dev, &k.func, (cuda_indexer_scores::blocks(n_rows, sms), 1, 1), (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap();
+            dev.synchronize().unwrap();
+            best = best.min(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        println!("indexer_scores_vec: 64 heads of 128 against {n_rows} rows: {best:.1} µs (host-timed, a launch)");
     }
 }
 

@@ -16,7 +16,7 @@ use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
 use ds4_codegen::quant::cuda_matvec_dense;
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
+use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -1142,18 +1142,28 @@ impl GpuExecutor<'_> {
                 Op::RowCache { slot, ratio } => GVal::F(slot_ops::row_cache(state, *slot, *ratio, last(0), fs(0)?, bind, label)?),
                 Op::IndexerScores { ratio } => {
                     let (qs, n_rows) = (in_shape(0), shape[1]);
-                    // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
-                    // query against every row: one tensor-core matmul with the rows as an
-                    // F32 "weight" (rows a query may not see are computed and then masked
-                    // by step 2).
-                    let (heads, dk) = (qs[1], qs[2]);
-                    let dots = self.dev.alloc(n_out * heads * 4)?;
+                    let (tokens, heads, dk) = (qs[0], qs[1], qs[2]);
                     let (Arg::Ptr(q), Arg::Ptr(rows)) = (f(0)?, f(2)?) else { unreachable!() };
-                    let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
-                    let m = qs[0] * heads;
-                    self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS), None)?;
                     let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
-                    self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
+                    // A decode token's scores in one launch (cuda_indexer_scores.rs: the
+                    // CPU's floats); `DS4_INDEXER_VEC=0` turns it off.
+                    if cuda_indexer_scores::fits_rows(n_rows) && cuda_indexer_scores::fits(tokens, heads, dk) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
+                        let out = self.dev.alloc(n_out * 4)?;
+                        let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", f(1)?), ("rows", Arg::Ptr(rows))][..], &common].concat();
+                        let k = self.kernels.get(cuda_indexer_scores::NAME)?;
+                        self.call_threads(k, cuda_indexer_scores::NAME, (cuda_indexer_scores::blocks(n_rows, self.dev.sms), tokens as u32, 1), cuda_indexer_scores::threads(heads), cuda_indexer_scores::shared_bytes(heads, dk), &named)?;
+                        GVal::F(DevSlice::whole(out, n_out))
+                    } else {
+                        // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
+                        // query against every row: one tensor-core matmul with the rows as an
+                        // F32 "weight" (rows a query may not see are computed and then masked
+                        // by step 2).
+                        let dots = self.dev.alloc(n_out * heads * 4)?;
+                        let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
+                        let m = tokens * heads;
+                        self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS), None)?;
+                        self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
+                    }
                 }
                 Op::Attention { window, ratio, comp } => {
                     let (heads, hd) = (shape[1], shape[2]);

@@ -1,0 +1,188 @@
+//! `indexer_scores_vec`: a decode token's indexer scores in one launch, CUDA text: every
+//! head's dot with every visible compressed row, relu'd, weighted and summed over the
+//! heads (`ir/src/kernels/compress.rs`: `indexer_head_dots`, then `indexer_combine`).
+//!
+//! For prefill the runtime takes the dots as one tensor-core matmul (the rows as an F32
+//! "weight") and combines them in a second launch. For a decode token that matmul has 64
+//! query rows (the heads) against ctx / 4 compressed rows, and its time grows with the
+//! context (H200, `DS4_PROFILE=label`: ~30 µs a call at ctx 32K-64K, 21 calls a step).
+//! Decode steady on the H200 (synthetic q2, `DS4_INDEXER_VEC=0` / on, two pairs): ctx 2K
+//! 116.3 / 121.8 → 123.0 / 122.3 t/s, 32K 112.0 / 112.4 → 113.3 / 113.4.
+//! Here block b takes tiles of [`TILE_ROWS`] rows (tile b, b + grid, ...): the token's
+//! queries sit in shared memory transposed (dimension-major: a warp's lanes read
+//! consecutive heads), a tile's rows beside them; thread (head h, group g) makes the dots
+//! of head h with the tile's rows 8g .. 8g + 8, four dimensions a step (each row's float4
+//! is one broadcast load, each query value feeds eight FMAs), and writes each relu'd,
+//! weighted term to shared memory; then thread r adds row r's terms over the heads in the
+//! reference's order, with the reference's products (relu(dot) · scale · (w · wscale)).
+//! The dots add their products left to right, unfused (the reference's order and
+//! operations), and the terms are the reference's, so the scores are the CPU's f32 floats
+//! bit for bit (`cuda_kernels`); rows past the token's visible ones get -inf, as in
+//! `indexer_combine`.
+
+use crate::quant::{BufElem, QParam};
+
+/// Kernel name.
+pub const NAME: &str = "indexer_scores_vec";
+/// Rows a tile.
+pub const TILE_ROWS: usize = 32;
+/// Rows a thread (a tile's rows over four thread groups of a head each).
+const ROWS_A_THREAD: usize = 8;
+const _: () = assert!(TILE_ROWS == 4 * ROWS_A_THREAD);
+/// The most heads (threads = 4 · heads ≤ 1024).
+pub const MAX_HEADS: usize = 256;
+/// The longest query head (its dimension-major copy in shared memory).
+pub const MAX_DK: usize = 256;
+/// The most tokens a launch takes (grid y).
+pub const MAX_TOKENS: usize = 4;
+/// The most rows the runtime gives it ([`fits_rows`]): its unfused products make it
+/// bound by the SMs' FP32 issue at ~2·n_rows·heads·dk instructions (H200, host-timed a
+/// launch, 64 heads of 128: 2,048 rows 22.9 µs, 8,192 27.7, 16,384 38.0, 65,536 95.2),
+/// where the tensor-core matmul's share grows more slowly; past ctx 64K the matmul
+/// path stays (not measured against it there).
+pub const MAX_ROWS: usize = 16384;
+
+/// Parameters in launch order.
+pub fn params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "q", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "w", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "rows", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n_rows" },
+        QParam::Scalar { name: "heads" },
+        QParam::Scalar { name: "dk" },
+        QParam::Scalar { name: "pos0" },
+        QParam::Scalar { name: "ratio" },
+    ]
+}
+
+/// Whether `tokens` tokens of `heads` heads of `dk` dimensions fit (the rows' float4
+/// loads want dk a multiple of 4 and 16-byte aligned rows, which the runtime checks).
+pub fn fits(tokens: usize, heads: usize, dk: usize) -> bool {
+    (1..=MAX_TOKENS).contains(&tokens) && (1..=MAX_HEADS).contains(&heads) && dk > 0 && dk <= MAX_DK && dk.is_multiple_of(4) && shared_bytes(heads, dk) <= MAX_SHARED_BYTES
+}
+
+/// Whether a launch takes `n_rows` rows (1 ..= [`MAX_ROWS`]).
+pub fn fits_rows(n_rows: usize) -> bool {
+    (1..=MAX_ROWS).contains(&n_rows)
+}
+
+/// Threads of a launch: four a head, in whole warps (a warp at least: the threads past
+/// four a head only copy and sum).
+pub fn threads(heads: usize) -> u32 {
+    (4 * heads).next_multiple_of(32) as u32
+}
+
+/// Dynamic shared memory of a launch: the queries, a tile's rows, its terms (a row of
+/// heads + 1, so that the sums' threads take different banks).
+pub fn shared_bytes(heads: usize, dk: usize) -> u32 {
+    (4 * (dk * heads + TILE_ROWS * dk + TILE_ROWS * (heads + 1))) as u32
+}
+
+/// The most dynamic shared memory a launch may ask for (what an sm_120 block can have).
+pub const MAX_SHARED_BYTES: u32 = 96 * 1024;
+
+/// Blocks of a launch over `n_rows` rows on `sms` SMs: a tile each, at most two an SM
+/// (each copies the queries into shared memory first).
+pub fn blocks(n_rows: usize, sms: usize) -> u32 {
+    n_rows.div_ceil(TILE_ROWS).clamp(1, 2 * sms.max(1)) as u32
+}
+
+/// The CUDA source. Launch: grid ([`blocks`], tokens), [`threads`], [`shared_bytes`].
+pub fn source() -> String {
+    format!(
+        r#"// {NAME}: a decode token's indexer scores in one launch (codegen/src/cuda_indexer_scores.rs).
+
+{entry}    extern __shared__ float ds4_smem[];
+    const unsigned int h_n = (unsigned int)heads;
+    const unsigned int d_n = (unsigned int)dk;
+    const unsigned int t = blockIdx.y;
+    float* const qt = ds4_smem;                          // [dk][heads]
+    float* const tile = qt + d_n * h_n;                  // [{TILE_ROWS}][dk]
+    float* const terms = tile + {TILE_ROWS}u * d_n;      // [{TILE_ROWS}][heads + 1]
+    // The token's queries, dimension-major.
+    for (unsigned int i = threadIdx.x; i < h_n * d_n; i += blockDim.x) {{
+        const unsigned int h = i / d_n, c = i % d_n;
+        qt[c * h_n + h] = ds4_q[((unsigned long long)t * h_n + h) * d_n + c];
+    }}
+    const unsigned int h = threadIdx.x % h_n;
+    const unsigned int g = threadIdx.x / h_n;
+    const float scale = 1.0f / sqrtf((float)d_n);
+    const float wscale = 1.0f / sqrtf((float)h_n);
+    const float wh = ds4_w[(unsigned long long)t * h_n + h] * wscale;
+    const unsigned long long visible = (pos0 + t + 1ull) / ratio;
+    const unsigned long long seen = visible < n_rows ? visible : n_rows;
+    float* const out = ds4_out + (unsigned long long)t * n_rows;
+    for (unsigned long long r0 = (unsigned long long)blockIdx.x * {TILE_ROWS}ull; r0 < n_rows; r0 += (unsigned long long)gridDim.x * {TILE_ROWS}ull) {{
+        // Every thread is done with the last tile's terms (and the queries are in).
+        __syncthreads();
+        const unsigned int live = r0 < seen ? (unsigned int)(seen - r0 < {TILE_ROWS}ull ? seen - r0 : {TILE_ROWS}ull) : 0u;
+        const float4* const src = (const float4*)(ds4_rows + r0 * d_n);
+        for (unsigned int i = threadIdx.x; i < live * d_n / 4u; i += blockDim.x) {{
+            ((float4*)tile)[i] = src[i];
+        }}
+        __syncthreads();
+        // Head h's dots with rows 8g .. 8g + 8 of the tile (live ones), left to right.
+        float dot[{ROWS_A_THREAD}];
+        #pragma unroll
+        for (unsigned int j = 0; j < {ROWS_A_THREAD}u; j++) dot[j] = 0.0f;
+        if (g < 4u && {ROWS_A_THREAD}u * g < live) {{
+            for (unsigned int c = 0; c < d_n; c += 4u) {{
+                const float q0 = qt[c * h_n + h], q1 = qt[(c + 1u) * h_n + h], q2 = qt[(c + 2u) * h_n + h], q3 = qt[(c + 3u) * h_n + h];
+                #pragma unroll
+                for (unsigned int j = 0; j < {ROWS_A_THREAD}u; j++) {{
+                    const float4 k = *(const float4*)(tile + ({ROWS_A_THREAD}u * g + j) * d_n + c);
+                    dot[j] += q0 * k.x;
+                    dot[j] += q1 * k.y;
+                    dot[j] += q2 * k.z;
+                    dot[j] += q3 * k.w;
+                }}
+            }}
+        }}
+        if (g < 4u) {{
+            #pragma unroll
+            for (unsigned int j = 0; j < {ROWS_A_THREAD}u; j++) {{
+                terms[({ROWS_A_THREAD}u * g + j) * (h_n + 1u) + h] = fmaxf(dot[j], 0.0f) * scale * wh;
+            }}
+        }}
+        __syncthreads();
+        // Row r's terms over the heads in order; -inf past the visible rows.
+        for (unsigned int r = threadIdx.x; r < {TILE_ROWS}u && r0 + r < n_rows; r += blockDim.x) {{
+            float s = __int_as_float(0xff800000);
+            if (r < live) {{
+                s = 0.0f;
+                for (unsigned int k = 0; k < h_n; k++) s += terms[r * (h_n + 1u) + k];
+            }}
+            out[r0 + r] = s;
+        }}
+    }}
+}}
+"#,
+        entry = crate::cuda::own_entry(NAME, "1024", &params())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_declares_every_parameter_in_order() {
+        crate::cuda::assert_declares_params(&source(), NAME, &params());
+    }
+
+    #[test]
+    fn fits_decode_tokens_of_the_indexers_heads() {
+        assert!(fits(1, 64, 128) && fits(MAX_TOKENS, 64, 192) && fits(1, 128, 64));
+        assert!(!fits(0, 64, 128) && !fits(MAX_TOKENS + 1, 64, 128) && !fits(1, MAX_HEADS + 1, 128) && !fits(1, 64, 130) && !fits(1, 64, MAX_DK + 4));
+        assert!(!fits(1, MAX_HEADS, MAX_DK), "the queries would not fit shared memory");
+        assert!(shared_bytes(64, 128) <= 64 * 1024);
+        assert_eq!(threads(64), 256);
+        assert_eq!(threads(7), 32);
+        assert!(fits_rows(1) && fits_rows(MAX_ROWS) && !fits_rows(0) && !fits_rows(MAX_ROWS + 1));
+        assert_eq!(threads(9), 64);
+        assert_eq!(blocks(1, 132), 1);
+        assert_eq!(blocks(16384, 132), 264);
+    }
+}
