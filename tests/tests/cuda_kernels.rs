@@ -215,6 +215,20 @@ fn everything(dev: &Arc<Device>) -> &'static Kernels {
     KS.get_or_init(|| Kernels::compile(dev, &KernelSet::everything()).expect("every kernel compiles with NVRTC"))
 }
 
+/// The shortest of `reps` host-timed runs of `launch` (seconds), each between two device
+/// synchronizations: a launch's time with its launch and wait overhead.
+fn best_time(dev: &Arc<Device>, reps: usize, launch: impl Fn()) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        dev.synchronize().unwrap();
+        let t0 = std::time::Instant::now();
+        launch();
+        dev.synchronize().unwrap();
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    best
+}
+
 /// The tensor-core matmul `mm`'s trailing arguments for x at `x` (`len` floats read): x's
 /// bf16 parts made by the split kernel, as the runtime makes them (returned too: they must
 /// live until the matmul has run), or placeholders for a kernel on the TF32 path.
@@ -1012,17 +1026,7 @@ fn top_k_kernels_pick_what_top_k_picks() {
         let scores = f32s(&mut r, n, -3.0, 3.0);
         let (s_buf, out) = (dev.upload(&scores).unwrap(), dev.alloc(k * 4).unwrap());
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(s_buf.ptr), Arg::U64(n as u64), Arg::U64(k as u64)];
-        let time = |f: &dyn Fn()| {
-            let mut best = f64::INFINITY;
-            for _ in 0..20 {
-                dev.synchronize().unwrap();
-                let t0 = std::time::Instant::now();
-                f();
-                dev.synchronize().unwrap();
-                best = best.min(t0.elapsed().as_secs_f64() * 1e6);
-            }
-            best
-        };
+        let time = |f: &dyn Fn()| best_time(&dev, 20, f) * 1e6;
         let t_sort = if cuda_top_k::fits(n) { time(&|| launch(&dev, &sort.func, (1, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap()) } else { f64::NAN };
         let t_radix = time(&|| launch(&dev, &radix.func, (1, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap());
         println!("top_k of {k} from {n} uniform scores: top_k_sort {t_sort:.1} µs, top_k_radix {t_radix:.1} µs (host-timed, a launch each)");
@@ -1072,14 +1076,7 @@ fn indexer_scores_vec_is_the_cpus_floats() {
         let (q, w, rows) = (f32s(&mut r, heads * dk, -1.0, 1.0), f32s(&mut r, heads, -1.0, 1.0), f32s(&mut r, n_rows * dk, -1.0, 1.0));
         let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(n_rows * 4).unwrap());
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(4 * n_rows - 1), u(4)];
-        let mut best = f64::INFINITY;
-        for _ in 0..20 {
-            dev.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
-            launch(&dev, &k.func, (cuda_indexer_scores::blocks(n_rows, sms), 1, 1), (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap();
-            dev.synchronize().unwrap();
-            best = best.min(t0.elapsed().as_secs_f64() * 1e6);
-        }
+        let best = 1e6 * best_time(&dev, 20, || launch(&dev, &k.func, (cuda_indexer_scores::blocks(n_rows, sms), 1, 1), (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap());
         println!("indexer_scores_vec: 64 heads of 128 against {n_rows} rows: {best:.1} µs (host-timed, a launch)");
     }
 }
@@ -1176,14 +1173,7 @@ fn attention_tiled_time_at_full_size_prefill() {
         let out = dev.alloc(t * heads * (hd + 2) * 4).unwrap();
         let scale = Arg::F32(1.0 / (hd as f32).sqrt());
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(cb.ptr), Arg::Ptr(selb.ptr), Arg::Ptr(sb.ptr), u(heads), u(hd), u(0), u(0), u(t), u(window), u(n_comp), u(2), u(4), u(k_sel), scale, u(1)];
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            dev.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
-            launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), k.dyn_shared, &args).unwrap();
-            dev.synchronize().unwrap();
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
+        let best = best_time(&dev, 3, || launch(&dev, &k.func, (blocks as u32, 1, 1), (k.threads, 1, 1), k.dyn_shared, &args).unwrap());
         println!("{name:<18} {:>9.3} ms  {:>6.2} TFLOP/s ({rows} rows × {heads} heads × {hd})", best * 1e3, flops / best / 1e12);
         results.push(out.read::<f32>(t * heads * (hd + 2)).unwrap());
     }
