@@ -12,7 +12,7 @@
 //! queries sit in shared memory transposed (dimension-major: a warp's lanes read
 //! consecutive heads), a tile's rows beside them; thread (head h, group g) makes the dots
 //! of head h with the tile's rows 8g .. 8g + 8, four dimensions a step (each row's float4
-//! is one broadcast load, each query value feeds eight FMAs), and writes each relu'd,
+//! is one broadcast load, each query value feeds eight products), and writes each relu'd,
 //! weighted term to shared memory; then thread r adds row r's terms over the heads in the
 //! reference's order, with the reference's products (relu(dot) · scale · (w · wscale)).
 //! The dots add their products left to right, unfused (the reference's order and
@@ -29,13 +29,15 @@ pub const TILE_ROWS: usize = 32;
 /// Rows a thread (a tile's rows over four thread groups of a head each).
 const ROWS_A_THREAD: usize = 8;
 const _: () = assert!(TILE_ROWS == 4 * ROWS_A_THREAD);
-/// The most heads (threads = 4 · heads ≤ 1024).
+/// The most heads (four threads a head).
 pub const MAX_HEADS: usize = 256;
+/// The most threads a launch has.
+pub const MAX_THREADS: u32 = 4 * MAX_HEADS as u32;
 /// The longest query head (its dimension-major copy in shared memory).
 pub const MAX_DK: usize = 256;
 /// The most tokens a launch takes (grid y).
 pub const MAX_TOKENS: usize = 4;
-/// The most rows the runtime gives it ([`fits_rows`]): its unfused products make it
+/// The most rows a launch takes ([`fits`]): its unfused products make it
 /// bound by the SMs' FP32 issue at ~2·n_rows·heads·dk instructions (H200, host-timed a
 /// launch, 64 heads of 128: 2,048 rows 22.9 µs, 8,192 27.7, 16,384 38.0, 65,536 95.2),
 /// where the tensor-core matmul's share grows more slowly; past ctx 64K the matmul
@@ -57,15 +59,11 @@ pub fn params() -> Vec<QParam> {
     ]
 }
 
-/// Whether `tokens` tokens of `heads` heads of `dk` dimensions fit (the rows' float4
-/// loads want dk a multiple of 4 and 16-byte aligned rows, which the runtime checks).
-pub fn fits(tokens: usize, heads: usize, dk: usize) -> bool {
-    (1..=MAX_TOKENS).contains(&tokens) && (1..=MAX_HEADS).contains(&heads) && dk > 0 && dk <= MAX_DK && dk.is_multiple_of(4) && shared_bytes(heads, dk) <= MAX_SHARED_BYTES
-}
-
-/// Whether a launch takes `n_rows` rows (1 ..= [`MAX_ROWS`]).
-pub fn fits_rows(n_rows: usize) -> bool {
-    (1..=MAX_ROWS).contains(&n_rows)
+/// Whether `tokens` tokens of `heads` heads of `dk` dimensions against `n_rows` rows fit
+/// (the rows' float4 loads want dk a multiple of 4 and 16-byte aligned rows, which the
+/// runtime checks).
+pub fn fits(tokens: usize, heads: usize, dk: usize, n_rows: usize) -> bool {
+    (1..=MAX_TOKENS).contains(&tokens) && (1..=MAX_HEADS).contains(&heads) && dk > 0 && dk <= MAX_DK && dk.is_multiple_of(4) && shared_bytes(heads, dk) <= MAX_SHARED_BYTES && (1..=MAX_ROWS).contains(&n_rows)
 }
 
 /// Threads of a launch: four a head, in whole warps (a warp at least: the threads past
@@ -159,7 +157,7 @@ pub fn source() -> String {
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(NAME, "1024", &params())
+        entry = crate::cuda::own_entry(NAME, &MAX_THREADS.to_string(), &params())
     )
 }
 
@@ -174,13 +172,13 @@ mod tests {
 
     #[test]
     fn fits_decode_tokens_of_the_indexers_heads() {
-        assert!(fits(1, 64, 128) && fits(MAX_TOKENS, 64, 192) && fits(1, 128, 64));
-        assert!(!fits(0, 64, 128) && !fits(MAX_TOKENS + 1, 64, 128) && !fits(1, MAX_HEADS + 1, 128) && !fits(1, 64, 130) && !fits(1, 64, MAX_DK + 4));
-        assert!(!fits(1, MAX_HEADS, MAX_DK), "the queries would not fit shared memory");
+        assert!(fits(1, 64, 128, 1) && fits(MAX_TOKENS, 64, 192, MAX_ROWS) && fits(1, 128, 64, 300));
+        assert!(!fits(0, 64, 128, 1) && !fits(MAX_TOKENS + 1, 64, 128, 1) && !fits(1, MAX_HEADS + 1, 128, 1) && !fits(1, 64, 130, 1) && !fits(1, 64, MAX_DK + 4, 1));
+        assert!(!fits(1, 64, 128, 0) && !fits(1, 64, 128, MAX_ROWS + 1));
+        assert!(!fits(1, MAX_HEADS, MAX_DK, 1), "the queries would not fit shared memory");
         assert!(shared_bytes(64, 128) <= 64 * 1024);
         assert_eq!(threads(64), 256);
         assert_eq!(threads(7), 32);
-        assert!(fits_rows(1) && fits_rows(MAX_ROWS) && !fits_rows(0) && !fits_rows(MAX_ROWS + 1));
         assert_eq!(threads(9), 64);
         assert_eq!(blocks(1, 132), 1);
         assert_eq!(blocks(16384, 132), 264);

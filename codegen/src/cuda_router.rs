@@ -72,10 +72,7 @@ pub fn source() -> String {
 {entry}    extern __shared__ unsigned long long ds4_keys[];
     const unsigned long long item = blockIdx.x;
     const unsigned int nn = (unsigned int)n;
-    unsigned int len = 1u;
-    while (len < nn) {{
-        len <<= 1;
-    }}
+    const unsigned int len = ds4_sort_len(nn);
     float* const scores = (float*)(ds4_keys + len);
     // Scores (`router_scores`), selection keys of the biased scores (`router_biased`).
     for (unsigned int e = threadIdx.x; e < len; e += blockDim.x) {{

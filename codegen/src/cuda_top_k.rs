@@ -102,9 +102,24 @@ __device__ __forceinline__ void ds4_sort_keys(unsigned long long* const keys, co
     }
 }
 
-// Sorts `len` keys (a power of two) descending and writes the candidates of the first
-// `picked` to out[0 .. k], -1 past them: the picks of a row, by the whole block.
-__device__ __forceinline__ void ds4_sort_and_pick(unsigned long long* const keys, const unsigned int len, int* const out, const unsigned long long k, const unsigned int picked) {
+// The least power of two at or above n (1 for 0): the length a row's keys sort in.
+__device__ __forceinline__ unsigned int ds4_sort_len(const unsigned int n) {
+    unsigned int len = 1u;
+    while (len < n) {
+        len <<= 1;
+    }
+    return len;
+}
+
+// Pads the `count` keys written to `ds4_sort_len(count)` with 0 (never chosen), sorts them
+// descending and writes the candidates of the first `picked` to out[0 .. k], -1 past
+// them: the picks of a row, by the whole block.
+__device__ __forceinline__ void ds4_sort_and_pick(unsigned long long* const keys, const unsigned int count, int* const out, const unsigned long long k, const unsigned int picked) {
+    const unsigned int len = ds4_sort_len(count);
+    for (unsigned int i = count + threadIdx.x; i < len; i += blockDim.x) {
+        keys[i] = 0ull;
+    }
+    __syncthreads();
     ds4_sort_keys(keys, len);
     for (unsigned long long p = threadIdx.x; p < k; p += blockDim.x) {
         out[p] = p < picked ? ds4_top_k_index(keys[p]) : -1;
@@ -116,17 +131,13 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
     __shared__ unsigned int ds4_chosen;
     const usize item = blockIdx.x;
     const unsigned int nn = (unsigned int)n;
-    unsigned int len = 1u;
-    while (len < nn) {
-        len <<= 1;
-    }
     if (threadIdx.x == 0u) {
         ds4_chosen = 0u;
     }
     __syncthreads();
     unsigned int mine = 0u;
-    for (unsigned int i = threadIdx.x; i < len; i += blockDim.x) {
-        const unsigned long long key = i < nn ? ds4_top_k_key(scores[item * n + i], i) : 0ull;
+    for (unsigned int i = threadIdx.x; i < nn; i += blockDim.x) {
+        const unsigned long long key = ds4_top_k_key(scores[item * n + i], i);
         mine += key != 0ull ? 1u : 0u;
         ds4_keys[i] = key;
     }
@@ -134,7 +145,7 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
         atomicAdd(&ds4_chosen, mine);
     }
     __syncthreads();
-    ds4_sort_and_pick(ds4_keys, len, out + item * k, k, ds4_chosen);
+    ds4_sort_and_pick(ds4_keys, nn, out + item * k, k, ds4_chosen);
 "#;
 
 #[cfg(test)]

@@ -167,15 +167,7 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
         }
     }
     __syncthreads();
-    unsigned int len = 1u;
-    while (len < picked) {
-        len <<= 1;
-    }
-    for (unsigned int i = picked + threadIdx.x; i < len; i += blockDim.x) {
-        ds4_keys[i] = 0ull;
-    }
-    __syncthreads();
-    ds4_sort_and_pick(ds4_keys, len, out + item * k, k, picked);
+    ds4_sort_and_pick(ds4_keys, picked, out + item * k, k, picked);
 "#;
 
 #[cfg(test)]

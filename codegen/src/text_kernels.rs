@@ -113,7 +113,7 @@ pub fn all() -> Vec<TextKernel> {
         TextKernel {
             name: cuda_indexer_scores::NAME,
             params: TextParams::Own(cuda_indexer_scores::params()),
-            threads: 1024,
+            threads: cuda_indexer_scores::MAX_THREADS,
             dyn_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
             launch: format!(
                 "\"grid\": \"[min(ceil(n_rows / {}), 2 · SMs), tokens ≤ {}, 1]\", \"block\": \"[4 · heads in whole warps, 1, 1]\"",

@@ -1060,7 +1060,7 @@ fn indexer_scores_vec_is_the_cpus_floats() {
             ds4_ir::kernels::compress::indexer_combine::<f32>(t, &mut want[t * n_rows..][..n_rows], &dots, &w, n_rows, heads, dk, pos0, ratio);
         }
         let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(tokens * n_rows * 4).unwrap());
-        assert!(cuda_indexer_scores::fits(tokens, heads, dk));
+        assert!(cuda_indexer_scores::fits(tokens, heads, dk, n_rows));
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(pos0), u(ratio)];
         let grid = (cuda_indexer_scores::blocks(n_rows, sms), tokens as u32, 1);
         launch(&dev, &k.func, grid, (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap();

@@ -73,22 +73,23 @@ fn fused(made: &mut HashMap<usize, GVal>, ahead: Vec<(usize, GVal)>) -> GVal {
     GVal::Freed
 }
 
-/// A hyper-connection expand made by the launch that makes its y (`cuda_hc_expand.rs`):
-/// its node, the new streams (`len` floats), the old streams' and the mix's addresses, nh.
+/// A hyper-connection expand that the launch making its y may make too
+/// (`cuda_hc_expand.rs`): its node, the new streams' length (floats), the old streams' and
+/// the mix's addresses, nh. The launch that takes it allocates the new streams.
 struct ExpandTo {
     node: ds4_ir::NodeId,
-    out: DeviceBuf,
     len: usize,
     r: u64,
     mix: u64,
     nh: usize,
 }
 
-impl ExpandTo {
-    /// The new streams as the expand node's value.
-    fn value(self) -> (usize, GVal) {
-        (self.node.index(), GVal::F(DevSlice::whole(self.out, self.len)))
-    }
+/// An expand a launch takes, with the new streams' buffer.
+type ExpandOut<'e> = (&'e ExpandTo, DeviceBuf);
+
+/// The new streams of an expand a launch made, as its node's value.
+fn expand_value((e, out): ExpandOut) -> (usize, GVal) {
+    (e.node.index(), GVal::F(DevSlice::whole(out, e.len)))
 }
 
 /// The weight a MatMul node reads (its input 1).
@@ -516,10 +517,10 @@ impl GpuExecutor<'_> {
     /// digits are taken of), summed over the picks with their weights, as one integer
     /// launch (`digits_down_fits`). `addend`: n floats added to the sum, one f32 addition
     /// (the graph's `Add` of the shared expert: `fusion_plan.rs`); `expand`: the
-    /// `hc_expand` of out, made too where the kernel can; returns whether it was.
+    /// `hc_expand` of out, made too where the kernel can: its value if it was.
     #[allow(clippy::too_many_arguments)]
-    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
-        let expand = expand.filter(|e| cuda_digits::down_expand_fits(e.nh));
+    fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<Option<(usize, GVal)>, ExecError> {
+        let expand = self.take_expand(expand.filter(|e| cuda_digits::down_expand_fits(e.nh)))?;
         let (xd, xs, xsum) = self.x_digits(g, picks * k, Some((u_rows, clamp)))?;
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
@@ -537,14 +538,14 @@ impl GpuExecutor<'_> {
             ("picks", u(picks)),
             ("has_addend", u(addend.is_some() as usize)),
         ];
-        let named: Vec<_> = named.into_iter().chain(self.expand_args(expand)).collect();
+        let named: Vec<_> = named.into_iter().chain(self.expand_args(expand.as_ref())).collect();
         // The addend (the shared expert) may come from a side branch: it joins here.
         if addend.is_some() {
             self.join()?;
         }
         let kl = self.kernels.get(cuda_digits::MATVEC_Q2_K)?;
         self.call_threads(kl, cuda_digits::MATVEC_Q2_K, ((n / cuda_digits::DOWN_ROWS_PER_BLOCK) as u32, 1, 1), cuda_digits::down_threads(picks), 0, &named)?;
-        Ok(expand.is_some())
+        Ok(expand.map(expand_value))
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -617,23 +618,23 @@ impl GpuExecutor<'_> {
 
     /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
     /// `expand`: the `hc_expand` of out, made by the same launch where its kernel can
-    /// (the dense one); returns whether it was.
+    /// (the dense one): its value if it was.
     #[allow(clippy::too_many_arguments)]
-    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize, expand: Option<&ExpandTo>) -> Result<bool, ExecError> {
+    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize, expand: Option<&ExpandTo>) -> Result<Option<(usize, GVal)>, ExecError> {
         let u = |v: usize| Arg::U64(v as u64);
         // A token's F16 rows in 16-byte loads (cuda_f16_vec.rs).
         if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("ng", u(ng))];
             self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named)?;
-            return Ok(false);
+            return Ok(None);
         }
         // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs).
         if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x).is_multiple_of(16) && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
-            let expand = expand.filter(|e| cuda_matvec_dense::expand_fits(groups, e.nh));
+            let expand = self.take_expand(expand.filter(|e| cuda_matvec_dense::expand_fits(groups, e.nh)))?;
             let mut named = vec![("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
-            named.extend(self.expand_args(expand));
+            named.extend(self.expand_args(expand.as_ref()));
             self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named)?;
-            return Ok(expand.is_some());
+            return Ok(expand.map(expand_value));
         }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
         let named = [
@@ -654,7 +655,7 @@ impl GpuExecutor<'_> {
             ("row_blocks", u(row_blocks)),
         ];
         self.call(&kernel_name(QuantKernelKind::MatVec, w.ty), (row_blocks as u32, m as u32), &named)?;
-        Ok(false)
+        Ok(None)
     }
 
     /// The `hc_expand` (`fusion_plan`'s `expand`) whose y is node `y`, a decode token's
@@ -668,16 +669,22 @@ impl GpuExecutor<'_> {
         if r.len != nh * d || mix.len != 2 * nh + nh * nh {
             return Ok(None);
         }
-        Ok(Some(ExpandTo { node, out: self.dev.alloc(nh * d * 4)?, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
+        Ok(Some(ExpandTo { node, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
+    }
+
+    /// The expand a launch takes (None: none), with its new streams allocated.
+    fn take_expand<'e>(&self, e: Option<&'e ExpandTo>) -> Result<Option<ExpandOut<'e>>, ExecError> {
+        e.map(|e| Ok((e, self.dev.alloc(e.len * 4)?))).transpose()
     }
 
     /// A launch's expand arguments (`cuda_hc_expand::params`; `enh` 0 for none).
-    fn expand_args(&self, e: Option<&ExpandTo>) -> [(&'static str, Arg); 4] {
+    fn expand_args(&self, e: Option<&ExpandOut>) -> [(&'static str, Arg); 4] {
+        let e = e.map(|(e, out)| (*e, out.ptr));
         [
-            ("eout", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.out.ptr))),
-            ("er", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.r))),
-            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |e| e.mix))),
-            ("enh", Arg::U64(e.map_or(0, |e| e.nh as u64))),
+            ("eout", Arg::Ptr(e.map_or(self.dummy.ptr, |(_, out)| out))),
+            ("er", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.r))),
+            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.mix))),
+            ("enh", Arg::U64(e.map_or(0, |(e, _)| e.nh as u64))),
         ]
     }
 
@@ -897,9 +904,7 @@ impl GpuExecutor<'_> {
                         let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
                         // A lone mat-vec may make the expand of its output (`attn_output_b`).
                         let expand = if group.len() == 1 { self.expand_to(id, &vals, n)? } else { None };
-                        if self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total, expand.as_ref())? {
-                            made.extend(expand.map(ExpandTo::value));
-                        }
+                        made.extend(self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total, expand.as_ref())?);
                         let mut off = n;
                         for &(other, rows) in &group[1..] {
                             made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
@@ -968,10 +973,7 @@ impl GpuExecutor<'_> {
                         });
                         // And the expand of what it makes (the add's value, or its own).
                         let expand = self.expand_to(add.map_or(id, |(add, _)| add), &vals, d)?;
-                        let expanded = self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?;
-                        if expanded {
-                            made.extend(expand.map(ExpandTo::value));
-                        }
+                        made.extend(self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?);
                         let value = GVal::F(DevSlice::whole(out, n_out));
                         match add {
                             Some((add, _)) => fused(&mut made, vec![(add.index(), value)]),
@@ -1147,7 +1149,7 @@ impl GpuExecutor<'_> {
                     let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
                     // A decode token's scores in one launch (cuda_indexer_scores.rs: the
                     // CPU's floats); `DS4_INDEXER_VEC=0` turns it off.
-                    if cuda_indexer_scores::fits_rows(n_rows) && cuda_indexer_scores::fits(tokens, heads, dk) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
+                    if cuda_indexer_scores::fits(tokens, heads, dk, n_rows) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
                         let out = self.dev.alloc(n_out * 4)?;
                         let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", f(1)?), ("rows", Arg::Ptr(rows))][..], &common].concat();
                         let k = self.kernels.get(cuda_indexer_scores::NAME)?;
