@@ -29,6 +29,8 @@ pub const TILE_ROWS: usize = 32;
 /// Rows a thread (a tile's rows over four thread groups of a head each).
 const ROWS_A_THREAD: usize = 8;
 const _: () = assert!(TILE_ROWS == 4 * ROWS_A_THREAD);
+/// Float4 loads a thread has in flight while it copies the queries and a tile's rows.
+const Q_LOADS: usize = 8;
 /// The most heads (four threads a head).
 pub const MAX_HEADS: usize = 256;
 /// The most threads a launch has.
@@ -99,10 +101,29 @@ pub fn source() -> String {
     float* const qt = ds4_smem;                          // [dk][heads]
     float* const tile = qt + d_n * h_n;                  // [{TILE_ROWS}][dk]
     float* const terms = tile + {TILE_ROWS}u * d_n;      // [{TILE_ROWS}][heads + 1]
-    // The token's queries, dimension-major.
-    for (unsigned int i = threadIdx.x; i < h_n * d_n; i += blockDim.x) {{
-        const unsigned int h = i / d_n, c = i % d_n;
-        qt[c * h_n + h] = ds4_q[((unsigned long long)t * h_n + h) * d_n + c];
+    // The token's queries, dimension-major: eight float4 loads a thread in flight before
+    // their stores (a load, then its store, one after another, waited out a global load's
+    // latency per four values: 32 of them a thread at 64 heads of 128).
+    const float4* const q4 = (const float4*)(ds4_q + (unsigned long long)t * h_n * d_n);
+    const unsigned int n4 = h_n * d_n / 4u;
+    for (unsigned int i0 = threadIdx.x; i0 < n4; i0 += {Q_LOADS}u * blockDim.x) {{
+        float4 v[{Q_LOADS}];
+        #pragma unroll
+        for (unsigned int u = 0; u < {Q_LOADS}u; u++) {{
+            const unsigned int i = i0 + u * blockDim.x;
+            if (i < n4) v[u] = q4[i];
+        }}
+        #pragma unroll
+        for (unsigned int u = 0; u < {Q_LOADS}u; u++) {{
+            const unsigned int i = i0 + u * blockDim.x;
+            if (i < n4) {{
+                const unsigned int h = 4u * i / d_n, c = 4u * i % d_n;
+                qt[c * h_n + h] = v[u].x;
+                qt[(c + 1u) * h_n + h] = v[u].y;
+                qt[(c + 2u) * h_n + h] = v[u].z;
+                qt[(c + 3u) * h_n + h] = v[u].w;
+            }}
+        }}
     }}
     const unsigned int h = threadIdx.x % h_n;
     const unsigned int g = threadIdx.x / h_n;
@@ -117,8 +138,19 @@ pub fn source() -> String {
         __syncthreads();
         const unsigned int live = r0 < seen ? (unsigned int)(seen - r0 < {TILE_ROWS}ull ? seen - r0 : {TILE_ROWS}ull) : 0u;
         const float4* const src = (const float4*)(ds4_rows + r0 * d_n);
-        for (unsigned int i = threadIdx.x; i < live * d_n / 4u; i += blockDim.x) {{
-            ((float4*)tile)[i] = src[i];
+        const unsigned int t4 = live * d_n / 4u;
+        for (unsigned int i0 = threadIdx.x; i0 < t4; i0 += {Q_LOADS}u * blockDim.x) {{
+            float4 v[{Q_LOADS}];
+            #pragma unroll
+            for (unsigned int u = 0; u < {Q_LOADS}u; u++) {{
+                const unsigned int i = i0 + u * blockDim.x;
+                if (i < t4) v[u] = src[i];
+            }}
+            #pragma unroll
+            for (unsigned int u = 0; u < {Q_LOADS}u; u++) {{
+                const unsigned int i = i0 + u * blockDim.x;
+                if (i < t4) ((float4*)tile)[i] = v[u];
+            }}
         }}
         __syncthreads();
         // Head h's dots with rows 8g .. 8g + 8 of the tile (live ones), left to right.
