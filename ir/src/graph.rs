@@ -119,13 +119,18 @@ impl Graph {
     /// For each node, the position in `order()` of its last use (outputs live to the end),
     /// so an executor can free values early.
     pub fn last_uses(&self) -> Vec<usize> {
-        let order = self.order();
+        self.last_uses_in(&self.order())
+    }
+
+    /// [`Graph::last_uses`] for nodes run in `order` (every node once, inputs first), as
+    /// positions in it.
+    pub fn last_uses_in(&self, order: &[NodeId]) -> Vec<usize> {
         let mut pos = vec![0usize; self.g.node_bound()];
         for (k, &n) in order.iter().enumerate() {
             pos[n.index()] = k;
         }
         let mut last = vec![0usize; self.g.node_bound()];
-        for &n in &order {
+        for &n in order {
             last[n.index()] = pos[n.index()];
             for e in self.g.edges_directed(n, Direction::Outgoing) {
                 last[n.index()] = last[n.index()].max(pos[e.target().index()]);

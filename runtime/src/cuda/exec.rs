@@ -22,15 +22,6 @@ use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
 use std::collections::HashMap;
 
-/// Whether the measuring switch `$var` (an environment variable; every switch is on by
-/// default) is set to `0`, read once.
-macro_rules! switched_off {
-    ($var:literal) => {{
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OFF.get_or_init(|| std::env::var($var).as_deref() == Ok("0"))
-    }};
-}
-
 /// Blocks per SM an attention launch aims for.
 const ATTENTION_BLOCKS_PER_SM: usize = 4;
 
@@ -792,8 +783,7 @@ impl GpuExecutor<'_> {
 
     fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
-        let order = g.order();
-        let last_use = g.last_uses();
+        let (order, last_use) = (self.plan.order(), self.plan.last_use());
         let mut vals: HashMap<usize, GVal> = HashMap::new();
         // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
         // `norm_rope`, a mat-vec group), by node.
@@ -850,7 +840,7 @@ impl GpuExecutor<'_> {
             };
             // A value a fused launch made before its node's turn.
             if let Some(v) = made.remove(&id.index()) {
-                settle(&mut vals, id, v, &ins, step, &last_use);
+                settle(&mut vals, id, v, &ins, step, last_use);
                 continue;
             }
             // The shared expert and the attention's query on side branches of the step's
@@ -1234,7 +1224,7 @@ impl GpuExecutor<'_> {
                 }
             };
             profile::stop(self.dev, t_node, node.op.name(), label)?;
-            settle(&mut vals, id, value, &ins, step, &last_use);
+            settle(&mut vals, id, value, &ins, step, last_use);
         }
         state.trim(bind.pos0 + bind.tokens);
         let mut outs = HashMap::new();

@@ -12,7 +12,8 @@
 //! is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
 //! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
 //! add), the attention query's beside its KV, compressor and indexer (joined at the
-//! attention).
+//! attention); and the order a step runs the nodes in (`run_order`: a CSA layer's query
+//! branch next to its indexer's scores).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
 //! measuring switches); what the graph offers is fixed.
 
@@ -34,6 +35,9 @@ pub struct FusionPlan {
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
+    /// The order a step runs the nodes in (`run_order`), and each node's last use in it.
+    order: Vec<NodeId>,
+    last_use: Vec<usize>,
 }
 
 /// Which side branch a node is on.
@@ -50,6 +54,7 @@ impl FusionPlan {
     /// Walks `g` once.
     pub fn of(g: &Graph) -> FusionPlan {
         let mut plan = FusionPlan::default();
+        let mut queries = Vec::new();
         for id in g.order() {
             let i = id.index();
             match &g.node(id).op {
@@ -81,7 +86,9 @@ impl FusionPlan {
                     // The query (input 0): what it needs that the attention's other inputs
                     // do not.
                     let ins = g.inputs(id);
-                    plan.branch(&own_ancestors(g, ins[0], &ins[1..]), Branch::Query, id);
+                    let nodes = own_ancestors(g, ins[0], &ins[1..]);
+                    plan.branch(&nodes, Branch::Query, id);
+                    queries.push(nodes);
                 }
                 Op::HcExpand { .. } => {
                     // Its streams and mix are made before its y (graph order is node
@@ -104,7 +111,20 @@ impl FusionPlan {
                 _ => {}
             }
         }
+        plan.order = run_order(g, &queries);
+        plan.last_use = g.last_uses_in(&plan.order);
         plan
+    }
+
+    /// The order a step runs the nodes in: the graph's, a CSA layer's query branch moved
+    /// to its indexer's scores (`run_order`).
+    pub fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// Each node's last use, a position in [`FusionPlan::order`].
+    pub fn last_use(&self) -> &[usize] {
+        &self.last_use
     }
 
     pub fn hc_pre(&self, norm: NodeId) -> Option<&HcPreChain> {
@@ -193,6 +213,40 @@ fn own_ancestors(g: &Graph, of: NodeId, others: &[NodeId]) -> Vec<NodeId> {
     } else {
         Vec::new()
     }
+}
+
+/// The order a step runs the nodes in: the graph's, except that where an attention's
+/// main lane scores the indexer's rows (a CSA layer), its query branch (`queries`: each
+/// branch's nodes, by index) runs just before the scores (and after every value it reads).
+///
+/// Why: launched where the graph has it (after `q_a`'s norm), `q_b`'s 8,192 blocks fill
+/// every SM and the main lane's next kernels (the KV row's chain, the compressors' and
+/// the indexer's projections, each a few µs) wait until they drain: a CUPTI trace of a
+/// CSA layer on the H200 (`scripts/ktrace/`) showed the main lane idle ~9 µs behind it.
+/// Issued before the scores, it overlaps them and the top-k (small grids, ~27 µs at ctx
+/// 2048) instead; the scores take ~5 µs longer beside it, a CSA layer ~6 µs less in all
+/// (decode steady +2.3% at ctx 2048, +5% at 8192). Moved after the indexer's query
+/// projection instead (before its RoPE and Hadamard) it stalled those the same way.
+/// Elsewhere (an HCA layer: the main lane's KV row and compressor are shorter than the
+/// query) the branch stays where it is. `DS4_QUERY_AT_SCORES=0` keeps the graph's order.
+fn run_order(g: &Graph, queries: &[Vec<NodeId>]) -> Vec<NodeId> {
+    let mut order = g.order();
+    if switched_off!("DS4_QUERY_AT_SCORES") {
+        return order;
+    }
+    for nodes in queries.iter().filter(|n| !n.is_empty()) {
+        let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
+        let pos = |n: NodeId| order.iter().position(|&o| o == n);
+        let Some(first) = pos(nodes[0]) else { continue };
+        // The main lane's scores between the branch and the attention that joins it.
+        let join = nodes.iter().flat_map(|&n| g.consumers(n)).filter(|c| !inside.contains(c)).filter_map(pos).min().unwrap_or(order.len());
+        let Some(scores) = (first..join).find(|&p| !inside.contains(&order[p]) && matches!(g.node(order[p]).op, Op::IndexerScores { .. })) else { continue };
+        let read_at = nodes.iter().flat_map(|&n| g.inputs(n)).filter(|i| !inside.contains(i)).filter_map(pos).max().unwrap_or(0);
+        let at = (scores - 1).max(read_at);
+        let (kept, moved): (Vec<NodeId>, Vec<NodeId>) = order[first..=at].iter().partition(|n| !inside.contains(n));
+        order.splice(first..=at, kept.into_iter().chain(moved));
+    }
+    order
 }
 
 /// A frequency table's cache key: its values as f32 bits.
@@ -284,6 +338,50 @@ mod tests {
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
         assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
         assert!(query >= 2 * model.hp.n_layer, "the query's q_b, norm and RoPE on the side branch: {query}");
+    }
 
+    /// The run order holds every node once, each after its inputs, with its last uses;
+    /// in a layer with an indexer the query branch runs right before the indexer's
+    /// scores, elsewhere where the graph has it.
+    #[test]
+    fn run_order_moves_only_an_indexed_layers_query_branch() {
+        let model = crate::cuda::tiny_q2();
+        let g = &model.graph;
+        let plan = FusionPlan::of(g);
+        let order = plan.order();
+        let mut pos = vec![usize::MAX; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
+        for (p, n) in order.iter().enumerate() {
+            assert_eq!(pos[n.index()], usize::MAX, "{} twice", g.node(*n).label);
+            pos[n.index()] = p;
+        }
+        assert_eq!(order.len(), g.order().len());
+        for &n in order {
+            for i in g.inputs(n) {
+                assert!(pos[i.index()] < pos[n.index()], "{} before its input {}", g.node(n).label, g.node(i).label);
+            }
+        }
+        assert_eq!(plan.last_use(), g.last_uses_in(order));
+        let (mut moved, mut kept) = (0, 0);
+        for id in g.order() {
+            let label = &g.node(id).label;
+            if plan.side(id) != Some(Branch::Query) || !label.ends_with(".q_b") {
+                continue;
+            }
+            let layer = label.split('.').take(2).collect::<Vec<_>>().join(".");
+            match g.order().into_iter().find(|&n| g.node(n).label == format!("{layer}.indexer.scores")) {
+                Some(scores) => {
+                    let branch: Vec<NodeId> = g.order().into_iter().filter(|&n| plan.side(n) == Some(Branch::Query) && g.node(n).label.starts_with(&format!("{layer}."))).collect();
+                    let last = branch.iter().map(|n| pos[n.index()]).max().unwrap();
+                    assert_eq!(last + 1, pos[scores.index()], "{label}: the branch right before the scores");
+                    assert_eq!(branch.iter().map(|n| pos[n.index()]).min().unwrap() + branch.len() - 1, last, "{label}: the branch together");
+                    moved += 1;
+                }
+                None => {
+                    assert_eq!(pos[id.index()], g.order().iter().position(|&n| n == id).unwrap(), "{label}: where the graph has it");
+                    kept += 1;
+                }
+            }
+        }
+        assert!(moved > 0 && kept > 0, "moved {moved}, kept {kept}");
     }
 }
