@@ -168,13 +168,25 @@ fn whole(ty: GgmlType, n: usize, k: usize) -> bool {
 /// rendered from its IR: the routed experts' down reads the digits of their SwiGLU, which
 /// is then never made (the same floats as `swiglu` then `x_digits`).
 pub fn x_digits_source(target: Target) -> Option<String> {
+    Some(format!(
+        "// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).\n{}{}    ds4_x_digits_block(blockIdx.x, ds4_xd, ds4_xs, ds4_xsum, ds4_x, ds4_u, k, clamp, swiglu);\n}}\n",
+        x_digits_block(target)?,
+        crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
+    ))
+}
+
+/// `x_digits`'s work as a device function of the block index `block` and the kernel's
+/// parameters, with the helpers it needs (None off CUDA): the kernel is a call of it, and
+/// `router_select_digits` (`cuda_router.rs`) runs it in the blocks after its routing ones.
+pub(crate) fn x_digits_block(target: Target) -> Option<String> {
     let cuda = crate::cuda::Cuda::of(target)?;
     let swiglu = ds4_ir::kernels::all().into_iter().find(|k| k.name == "swiglu").expect("swiglu is an op kernel");
     Some(format!(
-        r#"// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).
-{helpers}
-{entry}    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned long long b = (unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5);
+        r#"{helpers}
+// Block `block` of an x_digits launch: its warps' groups of {X_BLOCK} values.
+__device__ __forceinline__ void ds4_x_digits_block(const unsigned long long block, {params}) {{
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long b = block * (blockDim.x / 32u) + (threadIdx.x >> 5);
     if (b * {X_BLOCK}ull >= k) return;
     const unsigned long long i = b * {X_BLOCK}ull + lane;
     const float v = swiglu != 0ull ? swiglu_value(ds4_x[i], ds4_u[i], clamp) : ds4_x[i];
@@ -201,7 +213,7 @@ pub fn x_digits_source(target: Target) -> Option<String> {
 }}
 "#,
         helpers = crate::render::render_helpers(&cuda, &swiglu),
-        entry = crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
+        params = crate::quant::cuda::c_params(&x_digits_params()),
     ))
 }
 

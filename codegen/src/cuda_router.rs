@@ -18,11 +18,13 @@
 //! The runtime finds the chain in the graph (`runtime/src/cuda/router.rs`) for rows of up
 //! to [`cuda_top_k::MAX_N`] experts and k ≤ [`MAX_K`]; `DS4_ROUTER=0` turns it off.
 
-use crate::cuda_top_k;
 use crate::quant::{BufElem, QParam};
+use crate::{cuda_digits, cuda_top_k, Target};
 
 /// Kernel name.
 pub const NAME: &str = "router_select";
+/// The kernel that also makes x's digits for the experts (`with_digits_source`).
+pub const WITH_DIGITS: &str = "router_select_digits";
 /// The most picks (a warp's lanes).
 pub const MAX_K: usize = 32;
 /// The longest row whose picks one warp selects (32 keys a lane); longer rows are sorted.
@@ -65,12 +67,55 @@ pub const MAX_SHARED_BYTES: u32 = cuda_top_k::MAX_SHARED_BYTES + (4 * cuda_top_k
 
 /// The CUDA source. Launch: grid (tokens), [`threads`]`(n)` threads, [`shared_bytes`]`(n)`.
 pub fn source() -> String {
-    let mut s = format!("// {NAME}: a token's router scores, selection, top k and weights in one launch (codegen/src/cuda_router.rs).\n");
-    s.push_str(cuda_top_k::HELPERS);
+    format!(
+        "// {NAME}: a token's router scores, selection, top k and weights in one launch (codegen/src/cuda_router.rs).\n{}{}    ds4_router_block(blockIdx.x, ds4_sel, ds4_wts, ds4_logits, ds4_bias, n, k, scale, normalize);\n}}\n",
+        router_block(),
+        crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params())
+    )
+}
+
+/// `router_select` with x's digits ([`WITH_DIGITS`]): blocks 0 .. tokens route token
+/// `blockIdx.x` as `router_select` does, the blocks after them make the digits of x (the
+/// experts' input, `xk` floats: a decode token's) as `x_digits` does with `blockIdx.x −
+/// tokens` (`cuda_digits.rs`). The two are independent and each ~2-5 µs at decode; in one
+/// launch the digits' blocks run beside the routing on SMs it leaves idle, and the launch
+/// before the experts' gate and up is one, not two. The same floats as the two kernels
+/// (`cuda_kernels`). Launch: grid (tokens + `x_digits_blocks`, with the router's
+/// [`threads`]), [`threads`]`(n)` threads, [`shared_bytes`]`(n)`. None off CUDA.
+pub fn with_digits_source(target: Target) -> Option<String> {
+    Some(format!(
+        "// {WITH_DIGITS}: {NAME} and x_digits in one launch (codegen/src/cuda_router.rs).\n{}{}{}    if (blockIdx.x < tokens) {{\n        ds4_router_block(blockIdx.x, ds4_sel, ds4_wts, ds4_logits, ds4_bias, n, k, scale, normalize);\n    }} else {{\n        ds4_x_digits_block(blockIdx.x - tokens, ds4_xd, ds4_xs, ds4_xsum, ds4_x, ds4_x, xk, 0.0f, 0ull);\n    }}\n}}\n",
+        router_block(),
+        cuda_digits::x_digits_block(target)?,
+        crate::cuda::own_entry(WITH_DIGITS, &cuda_top_k::MAX_THREADS.to_string(), &with_digits_params())
+    ))
+}
+
+/// Parameters of [`WITH_DIGITS`] in launch order: [`params`], then x's digits, scales and
+/// sums (outputs), x and its length, and the routed tokens (the blocks before the digits').
+pub fn with_digits_params() -> Vec<QParam> {
+    let mut p = params();
+    p.extend([
+        QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: true },
+        QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "xsum", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "xk" },
+        QParam::Scalar { name: "tokens" },
+    ]);
+    p
+}
+
+/// A routing block's work as a device function of the token `block` and `router_select`'s
+/// parameters, with the top-k helpers it needs.
+fn router_block() -> String {
+    let mut s = String::from(cuda_top_k::HELPERS);
     s.push_str(&format!(
         r#"
-{entry}    extern __shared__ unsigned long long ds4_keys[];
-    const unsigned long long item = blockIdx.x;
+// Block `block` of a router_select launch: token `block`'s routing.
+__device__ __forceinline__ void ds4_router_block(const unsigned long long block, {params}) {{
+    extern __shared__ unsigned long long ds4_keys[];
+    const unsigned long long item = block;
     const unsigned int nn = (unsigned int)n;
     const unsigned int len = ds4_sort_len(nn);
     float* const scores = (float*)(ds4_keys + len);
@@ -141,7 +186,7 @@ pub fn source() -> String {
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params()),
+        params = crate::quant::cuda::c_params(&params()),
         select_max = SELECT_MAX_N
     ));
     s
@@ -161,5 +206,7 @@ mod tests {
     #[test]
     fn source_declares_every_parameter_in_order() {
         crate::cuda::assert_declares_params(&source(), NAME, &params());
+        crate::cuda::assert_declares_params(&with_digits_source(Target::CudaSm90).unwrap(), WITH_DIGITS, &with_digits_params());
+        assert!(with_digits_source(Target::Wgsl).is_none());
     }
 }

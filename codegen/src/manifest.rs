@@ -141,6 +141,10 @@ impl KernelSet {
                         for k in [cuda_digits::X_DIGITS, mv] {
                             set.cuda.entry(k).or_default().insert(node.op.name());
                         }
+                        // The gate and up's digits made by the routing's launch.
+                        if mv == cuda_digits::MATVEC_IQ2_XXS {
+                            set.cuda.entry(cuda_router::WITH_DIGITS).or_default().insert(node.op.name());
+                        }
                     }
                     // A decode token's F16 mat-vecs in 16-byte loads (cuda_f16_vec.rs).
                     if matches!(node.op, Op::MatMul | Op::GroupedMatMul { .. }) && t == ds4_ir::GgmlType::F16 && target.is_cuda() {

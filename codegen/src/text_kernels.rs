@@ -5,7 +5,7 @@
 //! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
-//! (`hc_pre`, `router_select`, the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
+//! (`hc_pre`, `router_select` (and with x's digits), the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
 //! `matvec_dense_q8_0_r` (generated from its quant declaration, CUDA's only),
 //! `attention_merge_rope`, `split_x_bf16x3`).
 
@@ -140,6 +140,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[tokens, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K),
             manifest_shared: cuda_router::MAX_SHARED_BYTES,
             source: |t| cuda_only(t, cuda_router::source),
+        },
+        TextKernel {
+            name: cuda_router::WITH_DIGITS,
+            params: TextParams::Own(cuda_router::with_digits_params()),
+            threads: cuda_top_k::MAX_THREADS,
+            dyn_shared: cuda_router::MAX_SHARED_BYTES,
+            launch: format!("\"grid\": \"[tokens + x_digits' blocks, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K),
+            manifest_shared: cuda_router::MAX_SHARED_BYTES,
+            source: cuda_router::with_digits_source,
         },
         TextKernel {
             name: cuda_digits::X_DIGITS,

@@ -881,12 +881,13 @@ fn digits_down_matches_the_f64_product() {
 /// replaces, launched one after another on the same logits and bias (`router_weights` by
 /// one warp, as the runtime runs it for k ≤ 32): the same picks and the same weights, bit
 /// for bit; 1 to 3 tokens, 8 to 2000 experts (up to `SELECT_MAX_N` selected by one warp,
-/// 2000 sorted by the block), 1 to 32 picks, normalized or not.
+/// 2000 sorted by the block), 1 to 32 picks, normalized or not; `router_select_digits`
+/// against it and `x_digits`.
 #[test]
 fn router_select_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
-    let fused = ks.get(cuda_router::NAME).unwrap();
+    let (fused, with_digits, x_digits) = (ks.get(cuda_router::NAME).unwrap(), ks.get(cuda_router::WITH_DIGITS).unwrap(), ks.get(cuda_digits::X_DIGITS).unwrap());
     let [scores_k, biased_k, top_k_k, weights_k] = ["router_scores", "router_biased", "top_k", "router_weights"].map(|n| ks.get(n).unwrap());
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
@@ -913,7 +914,29 @@ fn router_select_matches_the_chain_it_fuses() {
         assert_eq!(got_sel, want_sel, "router_select picks ({tokens} tokens, {n} experts, k {k})");
         let same = got_w.iter().zip(&want_w).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "router_select weights differ ({tokens} tokens, {n} experts, k {k}): {got_w:?} vs {want_w:?}");
-        println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights");
+        // With x's digits in the blocks after the routing's: the same picks and weights,
+        // and x_digits' planes, scales and sums, bit for bit (x of 4096 or 96 values, a
+        // block of zeros and an infinity among them).
+        let xlen = if case % 2 == 0 { 4096 } else { 96 };
+        let mut x: Vec<f32> = f32s(&mut r, xlen, -40.0, 40.0);
+        x[32..64].fill(0.0);
+        x[70] = f32::INFINITY;
+        let xb = dev.upload(&x).unwrap();
+        let digits = |dev: &Arc<Device>| (dev.alloc(cuda_digits::digit_bytes(xlen)).unwrap(), dev.alloc(xlen / 32 * 4).unwrap(), dev.alloc(xlen / 16 * 4).unwrap());
+        let ((xd, xs, xsum), (wd, ws, wsum)) = (digits(&dev), digits(&dev));
+        let (sel2, wts2) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+        let mut args2 = vec![Arg::Ptr(sel2.ptr), Arg::Ptr(wts2.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
+        args2.extend([Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(xlen), u(tokens)]);
+        let blocks = tokens + (xlen / 32).div_ceil(cuda_router::threads(n) as usize / 32);
+        launch(&dev, &with_digits.func, (blocks as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args2).unwrap();
+        launch(&dev, &x_digits.func, (cuda_digits::x_digits_blocks(xlen) as u32, 1, 1), (x_digits.threads, 1, 1), 0, &[Arg::Ptr(wd.ptr), Arg::Ptr(ws.ptr), Arg::Ptr(wsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(xlen), Arg::F32(0.0), u(0)]).unwrap();
+        assert_eq!(sel2.read::<i32>(tokens * k).unwrap(), want_sel, "router_select_digits picks ({tokens} tokens, {n} experts, k {k})");
+        let bits = |b: &ds4_runtime::cuda::DeviceBuf, len: usize| b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
+        assert_eq!(xd.read::<u8>(cuda_digits::digit_bytes(xlen)).unwrap(), wd.read::<u8>(cuda_digits::digit_bytes(xlen)).unwrap(), "router_select_digits digit planes");
+        assert_eq!(bits(&xs, xlen / 32), bits(&ws, xlen / 32), "router_select_digits scales");
+        assert_eq!(bits(&xsum, xlen / 16), bits(&wsum, xlen / 16), "router_select_digits sums");
+        println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights; with x's digits ({xlen}): x_digits' too");
     }
 }
 

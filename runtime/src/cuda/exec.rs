@@ -118,6 +118,16 @@ pub struct GpuExecutor<'a> {
     pub freqs: &'a FreqCache,
     /// The first node of this run's open side branch (`lane_for`; `join` clears it).
     pub branch: std::cell::Cell<Option<usize>>,
+    /// x's digits made by the routing's launch for the experts' gate and up
+    /// (`router_select`), taken by them (`digits_experts`).
+    pub digits_ahead: std::cell::RefCell<Option<DigitsAhead>>,
+}
+
+/// The digits of the `len` floats at `x` (`x_digits`' outputs), made ahead of their use.
+pub struct DigitsAhead {
+    x: u64,
+    len: usize,
+    digits: (DeviceBuf, DeviceBuf, DeviceBuf),
 }
 
 /// RoPE frequency tables on the device, uploaded at first use.
@@ -478,7 +488,11 @@ impl GpuExecutor<'_> {
         if gate.ty != up.ty || !cuda_digits::gate_up_fits(gate.ty, n, k) || !self.digits_on(cuda_digits::MATVEC_IQ2_XXS) {
             return Ok(false);
         }
-        let (xd, xs, _) = self.x_digits(x, k, None)?;
+        // Made by the routing's launch where it could (`router_select`), else here.
+        let (xd, xs, _) = match self.digits_ahead.take().filter(|d| d.x == x && d.len == k) {
+            Some(d) => d.digits,
+            None => self.x_digits(x, k, None)?,
+        };
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out_g", Arg::Ptr(gb.ptr)),
@@ -539,12 +553,23 @@ impl GpuExecutor<'_> {
         Ok(expand.map(expand_value))
     }
 
+    /// Whether routed experts node `moe`'s gate and up run in integers at decode
+    /// (`digits_experts`' conditions but the token count), so that the routing's launch
+    /// may make their x's digits (`router_select`).
+    fn experts_take_digits(&self, moe: ds4_ir::NodeId) -> Result<bool, ExecError> {
+        let name = |i: usize| self.graph.weight_name(self.graph.inputs(moe)[i]).ok_or_else(|| ExecError::Internal(format!("{}: input {i} is not a weight", self.graph.node(moe).label)));
+        let (gate, up) = (self.weights.tensor(name(3)?)?, self.weights.tensor(name(4)?)?);
+        Ok(gate.ty == up.ty && cuda_digits::gate_up_fits(gate.ty, gate.ne[1] as usize, gate.ne[0] as usize) && self.digits_on(cuda_digits::MATVEC_IQ2_XXS) && self.kernels.by_name.contains_key(cuda_router::WITH_DIGITS))
+    }
+
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
     /// `router_select` launch where it can run so (a decode's tokens, up to
     /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`; `DS4_ROUTER=0` turns it off):
     /// the values it makes ahead of their nodes (the biased scores none, the picks, the
-    /// weights). `logits`: `tokens` rows of `n`.
-    fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+    /// weights). `logits`: `tokens` rows of `n`; `x`: the routed experts' input (the
+    /// router's), whose digits the launch makes for them where they take them.
+    fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, x: Option<&DevSlice>, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        self.digits_ahead.replace(None);
         if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return Ok(None);
         }
@@ -555,7 +580,7 @@ impl GpuExecutor<'_> {
         }
         let (sel, wts) = (self.dev.alloc(tokens * c.k * 4)?, self.dev.alloc(tokens * c.k * 4)?);
         let u = |v: usize| Arg::U64(v as u64);
-        let named = [
+        let mut named = vec![
             ("sel", Arg::Ptr(sel.ptr)),
             ("wts", Arg::Ptr(wts.ptr)),
             ("logits", Arg::Ptr(logits.ptr())),
@@ -565,7 +590,24 @@ impl GpuExecutor<'_> {
             ("scale", Arg::F32(c.scale)),
             ("normalize", u(c.normalize as usize)),
         ];
-        self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+        // With the digits of the experts' x where their gate and up will take them (a
+        // decode token: `digits_experts`), in the blocks after the routing's.
+        // `DS4_ROUTER_DIGITS=0` turns it off.
+        let with_digits = match (c.experts, x) {
+            (Some(moe), Some(_)) if tokens == 1 && !switched_off!("DS4_ROUTER_DIGITS") => self.experts_take_digits(moe)?,
+            _ => false,
+        };
+        if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0) {
+            let kl = self.kernels.get(cuda_router::WITH_DIGITS)?;
+            let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(x.len))?, self.dev.alloc(x.len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(x.len / cuda_digits::SUM_SPAN * 4)?);
+            named.extend([("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x.ptr())), ("xk", u(x.len)), ("tokens", u(tokens))]);
+            // The routing's threads make x_digits' warps of 32 values too.
+            let blocks = tokens + (x.len / cuda_digits::X_BLOCK).div_ceil(cuda_router::threads(n) as usize / 32);
+            self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+            self.digits_ahead.replace(Some(DigitsAhead { x: x.ptr(), len: x.len, digits: (xd, xs, xsum) }));
+        } else {
+            self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+        }
         Ok(Some(vec![(c.biased.index(), GVal::Freed), (c.top_k.index(), GVal::I(DevSlice::whole(sel, tokens * c.k))), (c.weights.index(), GVal::F(DevSlice::whole(wts, tokens * c.k)))]))
     }
 
@@ -951,6 +993,8 @@ impl GpuExecutor<'_> {
                             self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff, None)?;
                         }
                     }
+                    // Digits the routing made for x and nothing took stay behind no layer.
+                    self.digits_ahead.replace(None);
                     // A decode's integer down takes the digits of the SwiGLU, made by
                     // `x_digits` from the gate and up rows: the SwiGLU is never made.
                     if groups.is_none() && t == 1 && self.digits_down_fits(down, d, ff, k) {
@@ -1055,7 +1099,12 @@ impl GpuExecutor<'_> {
                 Op::HadamardFp4 { fp4 } => self.op("hadamard_fp4", n_out, 128, &[("x", f(0)?), ("fp4", Arg::Bool(*fp4))])?,
                 Op::RouterScores => {
                     let n = last(0);
-                    match self.router_select(id, fs(0)?, rows(0), n)? {
+                    // The routed experts' input, whose digits the routing may make for them.
+                    let x = self.plan.router(id).and_then(|c| c.experts).and_then(|moe| match vals.get(&g.inputs(moe)[0].index()) {
+                        Some(GVal::F(s)) => Some(s),
+                        _ => None,
+                    });
+                    match self.router_select(id, fs(0)?, x, rows(0), n)? {
                         Some(ahead) => fused(&mut made, ahead),
                         None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
                     }

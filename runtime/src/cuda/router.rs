@@ -17,6 +17,9 @@ pub struct RouterChain {
     pub k: usize,
     pub scale: f32,
     pub normalize: bool,
+    /// The routed experts that read the picks and the router's input (their x), where the
+    /// graph has them so: the launch may make x's digits for their gate and up.
+    pub experts: Option<NodeId>,
 }
 
 /// The chain that starts at `scores`, if the graph has one there: scores read only by a
@@ -36,7 +39,9 @@ pub fn chain_at(g: &Graph, scores: NodeId) -> Option<RouterChain> {
     let Op::TopK { k } = g.node(top_k).op else { return None };
     let Op::RouterWeights { scale, normalize } = g.node(weights).op else { return None };
     let bias = g.weight_name(*g.inputs(biased).get(1)?)?.to_string();
-    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias, top_k, weights, k, scale, normalize })
+    let x = g.inputs(*g.inputs(scores).first()?).first().copied();
+    let experts = g.consumers(top_k).into_iter().find(|&c| matches!(g.node(c).op, Op::MoeExperts { .. }) && g.inputs(c).first().copied() == x);
+    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias, top_k, weights, k, scale, normalize, experts })
 }
 
 #[cfg(test)]
@@ -65,6 +70,10 @@ mod tests {
                     assert_eq!(c.k, model.hp.n_expert_used, "{}", node.label);
                     assert!(c.bias.starts_with(&format!("blk.{layer}.")), "{}: bias {}", node.label, c.bias);
                     assert!(matches!(g.node(c.top_k).op, Op::TopK { .. }) && matches!(g.node(c.weights).op, Op::RouterWeights { .. }));
+                    // The layer's routed experts, reading the router's input.
+                    let moe = c.experts.unwrap_or_else(|| panic!("{}: no routed experts", node.label));
+                    assert_eq!(g.node(moe).label, format!("blk.{layer}.moe"));
+                    assert_eq!(g.inputs(moe)[0], g.inputs(g.inputs(id)[0])[0]);
                     found += 1;
                 }
                 None => assert!(layer < model.hp.n_hash, "{}: no chain at a scored layer", node.label),

@@ -153,7 +153,7 @@ impl<'m> CudaSession<'m> {
             (true, Some(g), Some(p)) => (g, &**p),
             _ => (&*self.graph, &*self.plan),
         };
-        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default() };
+        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default(), digits_ahead: Default::default() };
         let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
         self.pos += ids.len();
         Ok(outs)
