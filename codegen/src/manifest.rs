@@ -12,7 +12,7 @@
 
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::text_kernels::{self, TextParams};
-use crate::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -82,6 +82,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         Op::TopK { .. } => &[cuda_top_k::NAME, cuda_top_k_radix::NAME],
         // A decode token's routing (scores, selection, top k, weights) in one launch.
         Op::RouterScores => &[cuda_router::NAME],
+        // The rows the stateful ops append to their logs, copied in a decode step's graph.
+        Op::WindowKv { .. } | Op::CompressPool { .. } | Op::RowCache { .. } => &[cuda_copy::NAME],
         // x's bf16 parts for the tensor-core matmuls' element-term path.
         Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[quant::cuda_split::NAME],
         _ => &[],

@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_attention, cuda_copy, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -937,6 +937,38 @@ fn router_select_matches_the_chain_it_fuses() {
         assert_eq!(bits(&xs, xlen / 32), bits(&ws, xlen / 32), "router_select_digits scales");
         assert_eq!(bits(&xsum, xlen / 16), bits(&wsum, xlen / 16), "router_select_digits sums");
         println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights; with x's digits ({xlen}): x_digits' too");
+    }
+}
+
+/// `copy_spans` (the decode graphs' log copies, merged): each span's words where they
+/// belong, the words around them untouched, spans of 1 to 100,000 words, 1 to all of them.
+#[test]
+fn copy_spans_copies_each_span() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let k = ks.get(cuda_copy::NAME).unwrap();
+    let mut r = Rng(seed());
+    for count in [1, 3, cuda_copy::MAX_SPANS] {
+        let lens: Vec<usize> = (0..count).map(|i| [1, 37, 512, 100_000][(i + count) % 4]).collect();
+        let total: usize = lens.iter().map(|n| n + 8).sum();
+        let src: Vec<u32> = (0..total).map(|_| r.range(0, u32::MAX as usize) as u32).collect();
+        let (sb, db) = (dev.upload(&src).unwrap(), dev.upload(&vec![7u32; total]).unwrap());
+        let mut args = vec![Arg::U64(count as u64)];
+        let mut at = 4;
+        let mut want = vec![7u32; total];
+        for i in 0..cuda_copy::MAX_SPANS {
+            match lens.get(i) {
+                Some(&n) => {
+                    args.extend([Arg::Ptr(db.ptr + 4 * at as u64), Arg::Ptr(sb.ptr + 4 * at as u64), Arg::U64(n as u64)]);
+                    want[at..at + n].copy_from_slice(&src[at..at + n]);
+                    at += n + 8;
+                }
+                None => args.extend([Arg::U64(0), Arg::U64(0), Arg::U64(0)]),
+            }
+        }
+        launch(&dev, &k.func, (cuda_copy::BLOCKS_A_SPAN, count as u32, 1), (cuda_copy::THREADS, 1, 1), 0, &args).unwrap();
+        assert!(db.read::<u32>(total).unwrap() == want, "copy_spans: {count} spans of {lens:?} words");
+        println!("copy_spans: {count} spans of {lens:?} words");
     }
 }
 

@@ -169,6 +169,16 @@ impl Device {
         self.plan.lock().map_err(|_| CudaError("launch plan poisoned".into()))
     }
 
+    /// Makes device copies queued for a graph launches of `copy_spans` (`f`, which must stay
+    /// loaded while the device records: the backend holds both), merged where they follow
+    /// each other on a lane (`LaunchPlan::queue_copy`). `DS4_COPY_KERNEL=0` keeps copy nodes.
+    pub fn set_copy_kernel(&self, f: &CudaFunction) -> Result<(), CudaError> {
+        if std::env::var("DS4_COPY_KERNEL").as_deref() != Ok("0") {
+            self.plan()?.copy_kernel = Some(super::launch_plan::CopyKernel(f.cu_function()));
+        }
+        Ok(())
+    }
+
     /// Starts or stops (one run's) queueing of launches and device copies for graphs
     /// (`launch_plan.rs`); stopping submits what is queued.
     pub fn record_launches(&self, on: bool) -> Result<(), CudaError> {

@@ -172,6 +172,9 @@ pub struct LaunchPlan {
     links: Vec<Link>,
     branch: Branch,
     built: HashMap<Vec<StepKey>, Built>,
+    /// `copy_spans` (`ds4_codegen::cuda_copy`), where loaded: copies queued on a lane one
+    /// after another become one launch of it (`queue_copy`).
+    pub copy_kernel: Option<CopyKernel>,
     clock: u64,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
     pub graphs_launched: u64,
@@ -252,12 +255,45 @@ impl LaunchPlan {
     pub(super) fn run(&mut self, step: Step, ctx: sys::CUcontext) -> Result<(), CudaError> {
         if self.recording() {
             let link = self.next_link();
+            if self.queue_copy(&step, link) {
+                return Ok(());
+            }
+            let step = match (&step, self.copy_kernel) {
+                (Step::Copy { dst, src, bytes }, Some(k)) if (dst | src | *bytes as u64) % 4 == 0 => k.step(&[(*dst, *src, bytes / 4)]),
+                _ => step,
+            };
             self.queue.push(step);
             self.links.push(link);
             return if self.full() { self.submit(ctx) } else { Ok(()) };
         }
         self.submit(ctx)?;
         step.submit()
+    }
+
+    /// Adds copy `step` (linked `link`) to the `copy_spans` launch queued last, where that
+    /// launch is on the same lane, has room and the copy is of whole aligned words: whether
+    /// it did. (Copies are queued in stream order on their lane; the launch's spans are
+    /// disjoint rows of the logs, so one launch does what the copies one after another did.)
+    fn queue_copy(&mut self, step: &Step, link: Link) -> bool {
+        let (Some(k), Step::Copy { dst, src, bytes }) = (self.copy_kernel, step) else { return false };
+        let same_lane = match (self.links.last(), link) {
+            (Some(Link::Fork | Link::Side), Link::Side) | (Some(Link::Chain | Link::Join), Link::Chain) => true,
+            _ => false,
+        };
+        if !same_lane || (dst | src | *bytes as u64) % 4 != 0 {
+            return false;
+        }
+        let Some(last) = self.queue.last_mut() else { return false };
+        let Some(mut spans) = k.spans_of(last) else { return false };
+        // Rows that overlap an earlier span's destination keep their order: a launch of
+        // their own.
+        let (to, from) = ((*dst, *bytes as u64), (*src, *bytes as u64));
+        if spans.len() >= COPY_SPANS || spans.iter().any(|&(d, s, n)| overlaps((d, 4 * n as u64), to) || overlaps((s, 4 * n as u64), to) || overlaps((d, 4 * n as u64), from)) {
+            return false;
+        }
+        spans.push((*dst, *src, bytes / 4));
+        *last = k.step(&spans);
+        true
     }
 
     /// Whether the queue is long enough to submit now (`CHUNK_STEPS`).
@@ -325,6 +361,41 @@ impl LaunchPlan {
         }
         self.queue.clear();
         self.links.clear();
+    }
+}
+
+/// The most copies one `copy_spans` launch takes (`ds4_codegen::cuda_copy::MAX_SPANS`).
+const COPY_SPANS: usize = ds4_codegen::cuda_copy::MAX_SPANS;
+
+/// Whether byte ranges (start, length) `a` and `b` overlap.
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+/// The loaded `copy_spans` kernel (`ds4_codegen::cuda_copy`).
+#[derive(Clone, Copy)]
+pub struct CopyKernel(pub sys::CUfunction);
+
+impl CopyKernel {
+    /// A launch of it over `spans` (destination, source, words), at most [`COPY_SPANS`].
+    fn step(self, spans: &[(u64, u64, usize)]) -> Step {
+        let mut args = vec![Arg::U64(spans.len() as u64)];
+        for i in 0..COPY_SPANS {
+            let (d, s, n) = spans.get(i).copied().unwrap_or((0, 0, 0));
+            args.extend([Arg::U64(d), Arg::U64(s), Arg::U64(n as u64)]);
+        }
+        let c = ds4_codegen::cuda_copy::BLOCKS_A_SPAN;
+        Step::kernel(self.0, (c, spans.len() as u32, 1), (ds4_codegen::cuda_copy::THREADS, 1, 1), 0, &args)
+    }
+
+    /// The spans of `step` if it is a launch of this kernel.
+    fn spans_of(self, step: &Step) -> Option<Vec<(u64, u64, usize)>> {
+        let Step::Kernel { func, args, .. } = step else { return None };
+        if *func != self.0 {
+            return None;
+        }
+        let word = |i: usize| u64::from_ne_bytes(args[i]);
+        Some((0..word(0) as usize).map(|i| (word(1 + 3 * i), word(2 + 3 * i), word(3 + 3 * i) as usize)).collect())
     }
 }
 
@@ -495,6 +566,44 @@ mod tests {
 
     fn kernel(arg: u64) -> Step {
         Step::kernel(std::ptr::null_mut(), (1, 1, 1), (32, 1, 1), 0, &[Arg::U64(arg)])
+    }
+
+    /// Copies queued while recording become `copy_spans` launches: those that follow each
+    /// other on a lane share one (up to its span count), in queue order; a copy after a
+    /// kernel, on the other lane, overlapping an earlier span, or not of whole aligned
+    /// words starts anew (the last stays a copy node).
+    #[test]
+    fn copies_one_after_another_on_a_lane_are_one_launch() {
+        let mut p = LaunchPlan { copy_kernel: Some(CopyKernel(0x1000 as sys::CUfunction)), ..Default::default() };
+        let k = p.copy_kernel.unwrap();
+        let ctx = std::ptr::null_mut();
+        let copy = |dst: u64, src: u64, bytes: usize| Step::Copy { dst, src, bytes };
+        p.set_recording(true);
+        p.run(copy(0x10000, 0x20000, 64), ctx).unwrap();
+        p.run(copy(0x10100, 0x20100, 128), ctx).unwrap();
+        assert_eq!(p.queue.len(), 1);
+        assert_eq!(k.spans_of(&p.queue[0]), Some(vec![(0x10000, 0x20000, 16), (0x10100, 0x20100, 32)]));
+        // Reading what an earlier span writes: its own launch.
+        p.run(copy(0x30000, 0x10000, 16), ctx).unwrap();
+        assert_eq!(p.queue.len(), 2);
+        // After a kernel, a new launch; then spans up to the most a launch takes.
+        p.run(kernel(1), ctx).unwrap();
+        for i in 0..COPY_SPANS as u64 + 1 {
+            p.run(copy(0x40000 + 0x100 * i, 0x50000 + 0x100 * i, 4), ctx).unwrap();
+        }
+        assert_eq!(p.queue.len(), 5);
+        assert_eq!(k.spans_of(&p.queue[3]).map(|s| s.len()), Some(COPY_SPANS));
+        assert_eq!(k.spans_of(&p.queue[4]).map(|s| s.len()), Some(1));
+        // On the side lane: a launch of its own.
+        assert!(p.lane(true));
+        p.run(copy(0x60000, 0x70000, 8), ctx).unwrap();
+        assert_eq!((p.queue.len(), p.links[5]), (6, Link::Fork));
+        p.run(copy(0x60100, 0x70100, 8), ctx).unwrap();
+        assert_eq!(p.queue.len(), 6, "the side lane's copies share a launch");
+        // Not whole words: a copy node.
+        p.run(copy(0x60200, 0x70200, 6), ctx).unwrap();
+        assert!(matches!(p.queue[6], Step::Copy { bytes: 6, .. }));
+        assert_eq!(p.queue[0].shape(), p.queue[3].shape(), "one shape whatever the span count");
     }
 
     /// Queueing follows the count of recording runs (sessions sharing a device overlap),

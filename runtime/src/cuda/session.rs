@@ -58,6 +58,9 @@ impl<'m> CudaBackend<'m> {
         let mut set = KernelSet::for_graph(&model.graph, target);
         set.extend(KernelSet::for_graph(&model.graph_plain, target));
         let kernels = Kernels::compile(&dev, &set)?;
+        if let Some(k) = kernels.by_name.get(ds4_codegen::cuda_copy::NAME) {
+            dev.set_copy_kernel(&k.func)?;
+        }
         let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
         let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
