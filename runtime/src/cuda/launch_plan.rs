@@ -259,7 +259,7 @@ impl LaunchPlan {
                 return Ok(());
             }
             let step = match (&step, self.copy_kernel) {
-                (Step::Copy { dst, src, bytes }, Some(k)) if (dst | src | *bytes as u64) % 4 == 0 => k.step(&[(*dst, *src, bytes / 4)]),
+                (Step::Copy { dst, src, bytes }, Some(k)) if whole_words(*dst, *src, *bytes) => k.step(&[(*dst, *src, bytes / 4)]),
                 _ => step,
             };
             self.queue.push(step);
@@ -276,11 +276,8 @@ impl LaunchPlan {
     /// disjoint rows of the logs, so one launch does what the copies one after another did.)
     fn queue_copy(&mut self, step: &Step, link: Link) -> bool {
         let (Some(k), Step::Copy { dst, src, bytes }) = (self.copy_kernel, step) else { return false };
-        let same_lane = match (self.links.last(), link) {
-            (Some(Link::Fork | Link::Side), Link::Side) | (Some(Link::Chain | Link::Join), Link::Chain) => true,
-            _ => false,
-        };
-        if !same_lane || (dst | src | *bytes as u64) % 4 != 0 {
+        let same_lane = matches!((self.links.last(), link), (Some(Link::Fork | Link::Side), Link::Side) | (Some(Link::Chain | Link::Join), Link::Chain));
+        if !same_lane || !whole_words(*dst, *src, *bytes) {
             return false;
         }
         let Some(last) = self.queue.last_mut() else { return false };
@@ -366,6 +363,11 @@ impl LaunchPlan {
 
 /// The most copies one `copy_spans` launch takes (`ds4_codegen::cuda_copy::MAX_SPANS`).
 const COPY_SPANS: usize = ds4_codegen::cuda_copy::MAX_SPANS;
+
+/// Whether a copy is of whole 4-byte words at aligned addresses (`copy_spans` copies words).
+fn whole_words(dst: u64, src: u64, bytes: usize) -> bool {
+    (dst | src | bytes as u64).is_multiple_of(4)
+}
 
 /// Whether byte ranges (start, length) `a` and `b` overlap.
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
