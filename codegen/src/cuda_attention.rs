@@ -459,11 +459,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_parameters_of_attention_partial() {
-        crate::cuda::assert_takes_contract(source, NAME, &contract());
-    }
-
-    #[test]
     fn blocks_cover_tokens_head_groups_and_chunks() {
         assert_eq!(blocks(2048, 64, 1), 2048 * 4);
         assert_eq!(blocks(1, 3, 32), 32);

@@ -159,16 +159,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_parameters_of_attention_merge() {
-        crate::cuda::assert_takes_contract(source, NAME, &contract());
-    }
-
-    #[test]
-    fn rope_source_declares_every_parameter_in_order() {
-        crate::cuda::assert_declares_params(&rope_source(), ROPE_NAME, &rope_params());
-    }
-
-    #[test]
     fn fits_up_to_two_chunks_a_lane() {
         assert!(fits(1) && fits(32) && fits(MAX_CHUNKS));
         assert!(!fits(0) && !fits(MAX_CHUNKS + 1));

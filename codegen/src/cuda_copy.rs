@@ -55,13 +55,3 @@ pub fn source() -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn source_declares_every_parameter_in_order() {
-        crate::cuda::assert_declares_params(&source(), NAME, &params());
-        assert_eq!(params().len(), 1 + 3 * MAX_SPANS);
-    }
-}

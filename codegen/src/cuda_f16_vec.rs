@@ -122,11 +122,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn source_declares_every_parameter_in_order() {
-        crate::cuda::assert_declares_params(&source(), NAME, &params());
-    }
-
-    #[test]
     fn fits_one_token_of_whole_vectors_and_grouped_rows() {
         assert!(fits(256, 4096, 256, 1, false) && fits(8192, 1024, 8192, 1, false) && fits(8, 64, 4, 1, false));
         assert!(!fits(256, 4096, 256, 2, false), "one token");

@@ -126,11 +126,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_parameters_of_hc_mix() {
-        crate::cuda::assert_takes_contract(source, NAME, &contract());
-    }
-
-    #[test]
     fn fits_up_to_a_warp_of_entries() {
         assert!(fits(1) && fits(4) && fits(5));
         assert!(!fits(0) && !fits(6));

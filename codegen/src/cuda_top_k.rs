@@ -153,11 +153,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_parameters_of_top_k() {
-        crate::cuda::assert_takes_contract(source, NAME, &contract());
-    }
-
-    #[test]
     fn launches_fit_the_sort() {
         assert_eq!(sort_len(0), 1);
         assert_eq!(sort_len(256), 256);

@@ -175,11 +175,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_parameters_of_top_k() {
-        crate::cuda::assert_takes_contract(source, NAME, &cuda_top_k::contract());
-    }
-
-    #[test]
     fn sorts_only_the_picks() {
         assert_eq!(shared_bytes(100_000, 512), 512 * 8);
         assert_eq!(shared_bytes(300, 512), 512 * 8);

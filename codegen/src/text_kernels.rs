@@ -230,7 +230,8 @@ mod tests {
     use super::*;
 
     /// Names are unique, and every kernel has CUDA source on both CUDA targets and none on
-    /// the others.
+    /// the others, whose entry point declares its parameters in order (its own, or the IR
+    /// kernel's contract).
     #[test]
     fn every_text_kernel_once_and_only_for_cuda() {
         let all = all();
@@ -241,6 +242,12 @@ mod tests {
         for k in &all {
             for t in [Target::CudaSm90, Target::CudaSm120] {
                 assert!(k.source(t).is_some_and(|s| s.contains(&format!("{}(", k.name))), "{} on {t}", k.name);
+                if let TextParams::Own(params) = &k.params {
+                    crate::cuda::assert_declares_params(&k.source(t).unwrap(), k.name, params);
+                }
+            }
+            if let TextParams::Contract(contract) = &k.params {
+                crate::cuda::assert_takes_contract(k.source, k.name, contract);
             }
             for t in [Target::Cpu, Target::Wgsl, Target::Metal] {
                 assert!(k.source(t).is_none(), "{} on {t}", k.name);
