@@ -6,6 +6,7 @@
 //! executor only gathers inputs, moves bytes and keeps the state slots. It knows nothing
 //! about DS4 beyond the op set.
 
+use crate::all_rows::AllRows;
 use crate::slot_ops;
 use crate::state::{RowLog, SessionState};
 use crate::weights::{Compute, WeightView, Weights};
@@ -101,7 +102,13 @@ impl<'a> Executor<'a> {
         let last_use = g.last_uses();
         let mut vals: HashMap<usize, Value<F>> = HashMap::new();
         state.ensure_slots(g.n_slots);
+        // Selections that are every row: not made (`all_rows.rs`).
+        let all_rows = AllRows::of(g);
+        let skipped = all_rows.skipped(bind);
         for (k, &id) in order.iter().enumerate() {
+            if skipped.contains(&id.index()) {
+                continue;
+            }
             let node = g.node(id);
             let ins = g.inputs(id);
             let shape = node.ty.shape.eval(bind);
@@ -376,6 +383,7 @@ impl<'a> Executor<'a> {
                     Value::F(out)
                 }
                 Op::Attention { window, ratio, comp } => {
+                    let comp = if all_rows.every_row(id, bind) { &CompMode::Causal } else { comp };
                     let (q, win, sinks) = (f(0), f(1), vecf(2));
                     let (heads, hd) = (shape[1], shape[2]);
                     let n_win = in_shape(1)[0];

@@ -1,4 +1,5 @@
 //! ds4-runtime: weights, the graph executor, per-session state, sessions and sampling.
+pub mod all_rows;
 pub mod cuda;
 pub mod cpu_kernels;
 pub mod exec;

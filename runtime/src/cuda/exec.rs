@@ -826,6 +826,8 @@ impl GpuExecutor<'_> {
     fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
         let (order, last_use) = (self.plan.order(), self.plan.last_use());
+        // Selections that are every row: not made (`crate::all_rows`).
+        let skipped = self.plan.all_rows().skipped(bind);
         let mut vals: HashMap<usize, GVal> = HashMap::new();
         // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
         // `norm_rope`, a mat-vec group), by node.
@@ -880,6 +882,10 @@ impl GpuExecutor<'_> {
                     _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
                 }
             };
+            if skipped.contains(&id.index()) {
+                made.remove(&id.index());
+                continue;
+            }
             // A value a fused launch made before its node's turn.
             if let Some(v) = made.remove(&id.index()) {
                 settle(&mut vals, id, v, &ins, step, last_use);
@@ -927,7 +933,7 @@ impl GpuExecutor<'_> {
                         let w0 = w(1)?;
                         let mut group = vec![(id, n)];
                         let mut end = w0.ptr + w0.bytes as u64;
-                        while let Some((next, rows)) = self.next_in_group(id, ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i)) {
+                        while let Some((next, rows)) = self.next_in_group(id, ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i) || skipped.contains(&i)) {
                             group.push((next, rows));
                             end = self.weights.tensor(&weight_of(g, next)?)?.ptr + (rows * w0.row_bytes(k)) as u64;
                         }
@@ -1207,6 +1213,7 @@ impl GpuExecutor<'_> {
                     }
                 }
                 Op::Attention { window, ratio, comp } => {
+                    let comp = if self.plan.all_rows().every_row(id, bind) { &CompMode::Causal } else { comp };
                     let (heads, hd) = (shape[1], shape[2]);
                     let n_win = in_shape(1)[0];
                     let win_pos0 = bind.pos0 - bind.window_prior(*window);

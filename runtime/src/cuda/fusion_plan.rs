@@ -38,6 +38,8 @@ pub struct FusionPlan {
     /// The order a step runs the nodes in (`run_order`), and each node's last use in it.
     order: Vec<NodeId>,
     last_use: Vec<usize>,
+    /// The selections a run may skip (`crate::all_rows`).
+    all_rows: crate::all_rows::AllRows,
 }
 
 /// Which side branch a node is on.
@@ -111,6 +113,7 @@ impl FusionPlan {
                 _ => {}
             }
         }
+        plan.all_rows = crate::all_rows::AllRows::of(g);
         plan.order = run_order(g, &queries);
         plan.last_use = g.last_uses_in(&plan.order);
         plan
@@ -120,6 +123,11 @@ impl FusionPlan {
     /// to its indexer's scores (`run_order`).
     pub fn order(&self) -> &[NodeId] {
         &self.order
+    }
+
+    /// The selections a run may skip where they are every row (`crate::all_rows`).
+    pub fn all_rows(&self) -> &crate::all_rows::AllRows {
+        &self.all_rows
     }
 
     /// Each node's last use, a position in [`FusionPlan::order`].
