@@ -81,13 +81,7 @@ mod tests {
     /// those rows (the f64 reference kernels, to rounding).
     #[test]
     fn a_selection_of_every_row_is_the_causal_attention() {
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
-        };
+        let mut r = ds4_ir::rng::Rng(0x1234_5678_9abc_def1);
         let (heads, hd, window, ratio, k_sel) = (2usize, 8usize, 4usize, 4usize, 8usize);
         for (tokens, pos0) in [(1usize, 30usize), (5, 0), (3, 27)] {
             let last = pos0 + tokens - 1;
@@ -95,10 +89,8 @@ mod tests {
             let n_comp = (last + 1) / ratio;
             let win_pos0 = pos0.saturating_sub(window - 1);
             let n_win = pos0 + tokens - win_pos0;
-            let q: Vec<f64> = (0..tokens * heads * hd).map(|_| next()).collect();
-            let win: Vec<f64> = (0..n_win * hd).map(|_| next()).collect();
-            let comp: Vec<f64> = (0..n_comp.max(1) * hd).map(|_| next()).collect();
-            let sinks: Vec<f64> = (0..heads).map(|_| next()).collect();
+            let (q, win) = (r.floats(tokens * heads * hd, -1.0, 1.0), r.floats(n_win * hd, -1.0, 1.0));
+            let (comp, sinks) = (r.floats(n_comp.max(1) * hd, -1.0, 1.0), r.floats(heads, -1.0, 1.0));
             // Each token's visible rows, reversed and rotated (not row order), then -1s.
             let mut sel = vec![-1i32; tokens * k_sel];
             for t in 0..tokens {
