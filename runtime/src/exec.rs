@@ -89,6 +89,8 @@ fn matmul<F: Compute>(x: &[F], m: usize, k: usize, w: &WeightView<'_>, n: usize,
 
 pub struct Executor<'a> {
     pub graph: &'a Graph,
+    /// `graph`'s selections that a run may skip (`AllRows::of(graph)`, made once).
+    pub all_rows: &'a AllRows,
     pub weights: &'a Weights,
     /// Use the quantized-activation fast path in the matmuls (`SessionOptions::fast`).
     pub fast: bool,
@@ -103,7 +105,7 @@ impl<'a> Executor<'a> {
         let mut vals: HashMap<usize, Value<F>> = HashMap::new();
         state.ensure_slots(g.n_slots);
         // Selections that are every row: not made (`all_rows.rs`).
-        let all_rows = AllRows::of(g);
+        let all_rows = self.all_rows;
         let skipped = all_rows.skipped(bind);
         for (k, &id) in order.iter().enumerate() {
             if skipped.contains(&id.index()) {

@@ -1,5 +1,6 @@
 //! A loaded model and the sessions (conversations) that run on it.
 
+use crate::all_rows::AllRows;
 use crate::exec::{ExecError, Executor, RunInputs};
 use crate::state::{RowLog, SessionState};
 use crate::weights::{Compute, Weights};
@@ -95,6 +96,8 @@ pub struct Session<'m, F> {
     graph: std::borrow::Cow<'m, Graph>,
     /// The last-token-logits variant of `graph`, when there is one.
     graph_last: Option<&'m Graph>,
+    /// What `graph`'s and `graph_last`'s runs may skip (`crate::all_rows`), found once.
+    all_rows: (AllRows, Option<AllRows>),
     state: SessionState<RowLog<F>>,
     pos: usize,
     opts: SessionOptions,
@@ -105,13 +108,15 @@ impl<'m, F: Compute> Session<'m, F> {
         let (graph, last) = if opts.plain { (&model.graph_plain, &model.graph_plain_last) } else { (&model.graph, &model.graph_last) };
         let mut s = Session::with_graph(model, std::borrow::Cow::Borrowed(graph), opts);
         s.graph_last = Some(last);
+        s.all_rows.1 = Some(AllRows::of(last));
         s
     }
 
     /// A session running a custom graph of this model (e.g. with per-layer outputs).
     pub fn with_graph(model: &'m Model, graph: std::borrow::Cow<'m, Graph>, opts: SessionOptions) -> Self {
         let state = SessionState::new(graph.n_slots, opts.max_rewind);
-        Session { model, graph, graph_last: None, state, pos: 0, opts }
+        let all_rows = (AllRows::of(&graph), None);
+        Session { model, graph, graph_last: None, all_rows, state, pos: 0, opts }
     }
 
     pub fn pos(&self) -> usize {
@@ -152,11 +157,11 @@ impl<'m, F: Compute> Session<'m, F> {
         }
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
-        let graph = match (last_only, self.graph_last) {
-            (true, Some(g)) => g,
-            _ => &self.graph,
+        let (graph, all_rows) = match (last_only, self.graph_last, &self.all_rows.1) {
+            (true, Some(g), Some(rows)) => (g, rows),
+            _ => (&*self.graph, &self.all_rows.0),
         };
-        let ex = Executor { graph, weights: &self.model.weights, fast: self.opts.fast };
+        let ex = Executor { graph, all_rows, weights: &self.model.weights, fast: self.opts.fast };
         let outs = ex.run(&mut self.state, bind, RunInputs { ids: &ids32, residual })?;
         self.pos += ids.len();
         Ok(outs)

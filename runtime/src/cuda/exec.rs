@@ -485,7 +485,7 @@ impl GpuExecutor<'_> {
     /// caller runs the float mat-vecs).
     #[allow(clippy::too_many_arguments)]
     fn digits_experts(&self, gb: &DeviceBuf, ub: &DeviceBuf, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, n: usize, k: usize, picks: usize) -> Result<bool, ExecError> {
-        if gate.ty != up.ty || !cuda_digits::gate_up_fits(gate.ty, n, k) || !self.digits_on(cuda_digits::MATVEC_IQ2_XXS) {
+        if !self.gate_up_in_digits(gate, up) {
             return Ok(false);
         }
         // Made by the routing's launch where it could (`router_select`), else here.
@@ -553,13 +553,18 @@ impl GpuExecutor<'_> {
         Ok(expand.map(expand_value))
     }
 
-    /// Whether routed experts node `moe`'s gate and up run in integers at decode
-    /// (`digits_experts`' conditions but the token count), so that the routing's launch
-    /// may make their x's digits (`router_select`).
+    /// Whether a decode token's expert gate and up (experts of `gate.ne[1]` rows of
+    /// `gate.ne[0]`) run as one integer launch (`digits_experts`): IQ2_XXS, whole blocks.
+    fn gate_up_in_digits(&self, gate: &DeviceTensor, up: &DeviceTensor) -> bool {
+        gate.ty == up.ty && cuda_digits::gate_up_fits(gate.ty, gate.ne[1] as usize, gate.ne[0] as usize) && self.digits_on(cuda_digits::MATVEC_IQ2_XXS)
+    }
+
+    /// Whether routed experts node `moe`'s gate and up run in integers at a decode token
+    /// (`gate_up_in_digits`) and the routing's launch can make their x's digits.
     fn experts_take_digits(&self, moe: ds4_ir::NodeId) -> Result<bool, ExecError> {
         let name = |i: usize| self.graph.weight_name(self.graph.inputs(moe)[i]).ok_or_else(|| ExecError::Internal(format!("{}: input {i} is not a weight", self.graph.node(moe).label)));
         let (gate, up) = (self.weights.tensor(name(3)?)?, self.weights.tensor(name(4)?)?);
-        Ok(gate.ty == up.ty && cuda_digits::gate_up_fits(gate.ty, gate.ne[1] as usize, gate.ne[0] as usize) && self.digits_on(cuda_digits::MATVEC_IQ2_XXS) && self.kernels.by_name.contains_key(cuda_router::WITH_DIGITS))
+        Ok(self.gate_up_in_digits(gate, up) && self.kernels.by_name.contains_key(cuda_router::WITH_DIGITS))
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -569,7 +574,6 @@ impl GpuExecutor<'_> {
     /// weights). `logits`: `tokens` rows of `n`; `x`: the routed experts' input (the
     /// router's), whose digits the launch makes for them where they take them.
     fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, x: Option<&DevSlice>, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
-        self.digits_ahead.replace(None);
         if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return Ok(None);
         }

@@ -255,11 +255,16 @@ impl LaunchPlan {
     pub(super) fn run(&mut self, step: Step, ctx: sys::CUcontext) -> Result<(), CudaError> {
         if self.recording() {
             let link = self.next_link();
-            if self.queue_copy(&step, link) {
-                return Ok(());
-            }
-            let step = match (&step, self.copy_kernel) {
-                (Step::Copy { dst, src, bytes }, Some(k)) if whole_words(*dst, *src, *bytes) => k.step(&[(*dst, *src, bytes / 4)]),
+            // A copy of whole aligned words: a span of the `copy_spans` launch queued last
+            // where it can join it, else a launch of its own.
+            let step = match (self.copy_kernel, &step) {
+                (Some(k), &Step::Copy { dst, src, bytes }) if whole_words(dst, src, bytes) => {
+                    let span = (dst, src, bytes / 4);
+                    if self.join_copy(k, span, link) {
+                        return Ok(());
+                    }
+                    k.step(&[span])
+                }
                 _ => step,
             };
             self.queue.push(step);
@@ -270,25 +275,23 @@ impl LaunchPlan {
         step.submit()
     }
 
-    /// Adds copy `step` (linked `link`) to the `copy_spans` launch queued last, where that
-    /// launch is on the same lane, has room and the copy is of whole aligned words: whether
-    /// it did. (Copies are queued in stream order on their lane; the launch's spans are
-    /// disjoint rows of the logs, so one launch does what the copies one after another did.)
-    fn queue_copy(&mut self, step: &Step, link: Link) -> bool {
-        let (Some(k), Step::Copy { dst, src, bytes }) = (self.copy_kernel, step) else { return false };
+    /// Adds copy `span` (destination, source, words; linked `link`) to the `copy_spans`
+    /// launch queued last, where that launch is on the same lane, has room and no span of
+    /// it overlaps this one: whether it did. (Copies are queued in stream order on their
+    /// lane; a launch's disjoint spans do what the copies one after another did.)
+    fn join_copy(&mut self, k: CopyKernel, span: (u64, u64, usize), link: Link) -> bool {
         let same_lane = matches!((self.links.last(), link), (Some(Link::Fork | Link::Side), Link::Side) | (Some(Link::Chain | Link::Join), Link::Chain));
-        if !same_lane || !whole_words(*dst, *src, *bytes) {
-            return false;
-        }
-        let Some(last) = self.queue.last_mut() else { return false };
+        let Some(last) = self.queue.last_mut().filter(|_| same_lane) else { return false };
         let Some(mut spans) = k.spans_of(last) else { return false };
-        // Rows that overlap an earlier span's destination keep their order: a launch of
-        // their own.
-        let (to, from) = ((*dst, *bytes as u64), (*src, *bytes as u64));
-        if spans.len() >= COPY_SPANS || spans.iter().any(|&(d, s, n)| overlaps((d, 4 * n as u64), to) || overlaps((s, 4 * n as u64), to) || overlaps((d, 4 * n as u64), from)) {
+        let bytes = |(d, s, n): (u64, u64, usize)| ((d, 4 * n as u64), (s, 4 * n as u64));
+        let (to, from) = bytes(span);
+        if spans.len() >= COPY_SPANS || spans.iter().any(|&old| {
+            let (old_to, old_from) = bytes(old);
+            overlaps(old_to, to) || overlaps(old_from, to) || overlaps(old_to, from)
+        }) {
             return false;
         }
-        spans.push((*dst, *src, bytes / 4));
+        spans.push(span);
         *last = k.step(&spans);
         true
     }
