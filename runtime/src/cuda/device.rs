@@ -173,7 +173,7 @@ impl Device {
     /// loaded while the device records: the backend holds both), merged where they follow
     /// each other on a lane (`LaunchPlan::queue_copy`). `DS4_COPY_KERNEL=0` keeps copy nodes.
     pub fn set_copy_kernel(&self, f: &CudaFunction) -> Result<(), CudaError> {
-        if std::env::var("DS4_COPY_KERNEL").as_deref() != Ok("0") {
+        if !switched_off!("DS4_COPY_KERNEL") {
             self.plan()?.copy_kernel = Some(super::launch_plan::CopyKernel(f.cu_function()));
         }
         Ok(())
