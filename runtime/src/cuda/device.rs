@@ -171,7 +171,7 @@ impl Device {
 
     /// Makes device copies queued for a graph launches of `copy_spans` (`f`, which must stay
     /// loaded while the device records: the backend holds both), merged where they follow
-    /// each other on a lane (`LaunchPlan::queue_copy`). `DS4_COPY_KERNEL=0` keeps copy nodes.
+    /// each other on a lane (`LaunchPlan::join_copy`). `DS4_COPY_KERNEL=0` keeps copy nodes.
     pub fn set_copy_kernel(&self, f: &CudaFunction) -> Result<(), CudaError> {
         if !switched_off!("DS4_COPY_KERNEL") {
             self.plan()?.copy_kernel = Some(super::launch_plan::CopyKernel(f.cu_function()));

@@ -173,7 +173,7 @@ pub struct LaunchPlan {
     branch: Branch,
     built: HashMap<Vec<StepKey>, Built>,
     /// `copy_spans` (`ds4_codegen::cuda_copy`), where loaded: copies queued on a lane one
-    /// after another become one launch of it (`queue_copy`).
+    /// after another become one launch of it (`run`, `join_copy`).
     pub copy_kernel: Option<CopyKernel>,
     clock: u64,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
