@@ -829,9 +829,11 @@ impl GpuExecutor<'_> {
 
     fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
-        let (order, last_use) = (self.plan.order(), self.plan.last_use());
-        // Selections that are every row: not made (`crate::all_rows`).
+        // Selections that are every row: not made (`crate::all_rows`), and the order
+        // without them.
         let skipped = self.plan.all_rows().skipped(bind);
+        let schedule = self.plan.schedule(!skipped.is_empty());
+        let (order, last_use) = (&schedule.order, &schedule.last_use);
         let mut vals: HashMap<usize, GVal> = HashMap::new();
         // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
         // `norm_rope`, a mat-vec group), by node.

@@ -12,8 +12,9 @@
 //! is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
 //! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
 //! add), the attention query's beside its KV, compressor and indexer (joined at the
-//! attention); and the order a step runs the nodes in (`run_order`: a CSA layer's query
-//! branch next to its indexer's scores).
+//! attention), a CSA layer's indexer query beside its KV row and compressors (joined at
+//! the scores); and the order a step runs the nodes in (`run_order`: a CSA layer's
+//! indexer query right after its input, its attention query right after the scores).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
 //! measuring switches); what the graph offers is fixed.
 
@@ -35,9 +36,10 @@ pub struct FusionPlan {
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
-    /// The order a step runs the nodes in (`run_order`), and each node's last use in it.
-    order: Vec<NodeId>,
-    last_use: Vec<usize>,
+    /// The order a step runs the nodes in, with its selections (`run_order`) and where
+    /// it skips them (`crate::all_rows`: the graph's order).
+    selecting: Schedule,
+    every_row: Schedule,
     /// The selections a run may skip (`crate::all_rows`).
     all_rows: crate::all_rows::AllRows,
 }
@@ -50,13 +52,29 @@ pub enum Branch {
     /// The attention's query (its projections, norm and RoPE) beside the KV row, the
     /// compressors and the indexer.
     Query,
+    /// A CSA layer's indexer query (its projection, RoPE and Hadamard) beside the KV row
+    /// and the compressors.
+    IndexerQuery,
+}
+
+/// An order to run a graph's nodes in, and each node's last use in it.
+#[derive(Default)]
+pub struct Schedule {
+    pub order: Vec<NodeId>,
+    pub last_use: Vec<usize>,
+}
+
+impl Schedule {
+    fn of(g: &Graph, order: Vec<NodeId>) -> Schedule {
+        Schedule { last_use: g.last_uses_in(&order), order }
+    }
 }
 
 impl FusionPlan {
     /// Walks `g` once.
     pub fn of(g: &Graph) -> FusionPlan {
         let mut plan = FusionPlan::default();
-        let mut queries = Vec::new();
+        let (mut queries, mut indexer_queries) = (Vec::new(), Vec::new());
         for id in g.order() {
             let i = id.index();
             match &g.node(id).op {
@@ -92,6 +110,14 @@ impl FusionPlan {
                     plan.branch(&nodes, Branch::Query, id);
                     queries.push(nodes);
                 }
+                Op::IndexerScores { .. } if !switched_off!("DS4_SIDE_INDEXER_Q") => {
+                    // The indexer's query (input 0): what it needs that the head weights
+                    // and the rows do not, from where it leaves the attention's query.
+                    let ins = g.inputs(id);
+                    let nodes = own_ancestors(g, ins[0], &ins[1..]);
+                    plan.branch(&nodes, Branch::IndexerQuery, id);
+                    indexer_queries.push(nodes);
+                }
                 Op::HcExpand { .. } => {
                     // Its streams and mix are made before its y (graph order is node
                     // order), so the launch making y has them.
@@ -114,25 +140,26 @@ impl FusionPlan {
             }
         }
         plan.all_rows = crate::all_rows::AllRows::of(g);
-        plan.order = run_order(g, &queries);
-        plan.last_use = g.last_uses_in(&plan.order);
+        plan.selecting = Schedule::of(g, run_order(g, &queries, &indexer_queries));
+        plan.every_row = Schedule::of(g, g.order());
         plan
     }
 
-    /// The order a step runs the nodes in: the graph's, a CSA layer's query branch moved
-    /// to its indexer's scores (`run_order`).
-    pub fn order(&self) -> &[NodeId] {
-        &self.order
+    /// The order a step runs the nodes in: where it makes its selections, the graph's
+    /// with the CSA layers' query branches moved (`run_order`); where it skips them
+    /// (`all_rows`: nothing to overlap the query with but the KV row and compressors),
+    /// the graph's.
+    pub fn schedule(&self, all_rows: bool) -> &Schedule {
+        if all_rows {
+            &self.every_row
+        } else {
+            &self.selecting
+        }
     }
 
     /// The selections a run may skip where they are every row (`crate::all_rows`).
     pub fn all_rows(&self) -> &crate::all_rows::AllRows {
         &self.all_rows
-    }
-
-    /// Each node's last use, a position in [`FusionPlan::order`].
-    pub fn last_use(&self) -> &[usize] {
-        &self.last_use
     }
 
     pub fn hc_pre(&self, norm: NodeId) -> Option<&HcPreChain> {
@@ -204,57 +231,99 @@ fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
 }
 
 /// The nodes that `of` needs (itself included) and none of `others` does, weights and
-/// inputs aside: for `of` the shared expert's output and `others` the routed experts, the
-/// shared expert's nodes. Empty if one of them is read by any other node or is a graph
-/// output (its value would be read before the join).
+/// inputs aside, less those read outside them (and what only those need): for `of` the
+/// shared expert's output and `others` the routed experts, the shared expert's nodes; for
+/// an indexer's query and its scores' other inputs, the query's projection, RoPE and
+/// Hadamard (the attention query's norm, which it reads, is read by `q_b` too). Empty
+/// where `of` is a graph output (its value would be read before the join).
 fn own_ancestors(g: &Graph, of: NodeId, others: &[NodeId]) -> Vec<NodeId> {
     use std::collections::HashSet;
-    let theirs: HashSet<NodeId> = others.iter().flat_map(|&o| g.ancestors(o)).collect();
-    let mut own: Vec<NodeId> = g.ancestors(of).into_iter().filter(|n| !theirs.contains(n)).collect();
-    own.retain(|&n| !matches!(g.node(n).op, Op::Input { .. } | Op::Weight { .. }));
-    own.sort_by_key(|n| n.index());
-    // Every reader of a branch node is a branch node (`of`'s readers aside).
-    let inside: HashSet<NodeId> = own.iter().copied().collect();
-    let contained = own.iter().filter(|&&n| n != of).all(|&n| !g.is_output(n) && g.consumers(n).iter().all(|c| inside.contains(c)));
-    if contained && !g.is_output(of) {
-        own
-    } else {
-        Vec::new()
+    if g.is_output(of) {
+        return Vec::new();
     }
+    let theirs: HashSet<NodeId> = others.iter().flat_map(|&o| g.ancestors(o)).collect();
+    let mut own: HashSet<NodeId> = g.ancestors(of).into_iter().filter(|n| !theirs.contains(n) && !matches!(g.node(*n).op, Op::Input { .. } | Op::Weight { .. })).collect();
+    // Every reader of a branch node is a branch node (`of`'s readers aside): drop those
+    // read outside until none is (a dropped node's inputs may then be read outside).
+    loop {
+        let leaks: Vec<NodeId> = own.iter().copied().filter(|&n| n != of && (g.is_output(n) || g.consumers(n).iter().any(|c| !own.contains(c)))).collect();
+        if leaks.is_empty() {
+            break;
+        }
+        for n in leaks {
+            own.remove(&n);
+        }
+    }
+    let mut own: Vec<NodeId> = own.into_iter().collect();
+    own.sort_by_key(|n| n.index());
+    own
 }
 
-/// The order a step runs the nodes in: the graph's, except that where an attention's
-/// main lane scores the indexer's rows (a CSA layer), its query branch (`queries`: each
-/// branch's nodes, by index) runs just before the scores (and after every value it reads).
+/// The order a step that makes its selections runs the nodes in: the graph's, except
+/// that in a layer with an indexer (a CSA layer) the indexer's query branch (`indexed`,
+/// joined at the scores) runs right after the value it reads (the attention query's
+/// norm), and the attention's query branch (`queries`, each branch's nodes by index)
+/// right after the scores, or right before them where the indexer's query is not a branch.
 ///
 /// Why: launched where the graph has it (after `q_a`'s norm), `q_b`'s 8,192 blocks fill
 /// every SM and the main lane's next kernels (the KV row's chain, the compressors' and
 /// the indexer's projections, each a few µs) wait until they drain: a CUPTI trace of a
 /// CSA layer on the H200 (`scripts/ktrace/`) showed the main lane idle ~9 µs behind it.
-/// Issued before the scores, it overlaps them and the top-k (small grids, ~27 µs at ctx
+/// Issued at the scores, it overlaps them and the top-k (small grids, ~27 µs at ctx
 /// 2048) instead; the scores take ~5 µs longer beside it, a CSA layer ~6 µs less in all
 /// (decode steady +2.3% at ctx 2048, +5% at 8192). Moved after the indexer's query
-/// projection instead (before its RoPE and Hadamard) it stalled those the same way.
+/// projection instead (before its RoPE and Hadamard) it stalled those the same way. The
+/// indexer's query chain (its F16 projection, RoPE, Hadamard: ~14 µs of small grids) and
+/// the main lane's KV row and compressors (~13 µs) then overlap, and the scores join it.
 /// Elsewhere (an HCA layer: the main lane's KV row and compressor are shorter than the
 /// query) the branch stays where it is. `DS4_QUERY_AT_SCORES=0` keeps the graph's order.
-fn run_order(g: &Graph, queries: &[Vec<NodeId>]) -> Vec<NodeId> {
+fn run_order(g: &Graph, queries: &[Vec<NodeId>], indexed: &[Vec<NodeId>]) -> Vec<NodeId> {
     let mut order = g.order();
     if switched_off!("DS4_QUERY_AT_SCORES") {
         return order;
     }
+    let mut joined = std::collections::HashSet::new();
+    for nodes in indexed.iter().filter(|n| !n.is_empty()) {
+        joined.extend(joins_of(g, nodes));
+        place(g, &mut order, nodes, None);
+    }
     for nodes in queries.iter().filter(|n| !n.is_empty()) {
         let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
-        let pos = |n: NodeId| order.iter().position(|&o| o == n);
-        let Some(first) = pos(nodes[0]) else { continue };
+        let (Some(first), Some(&join)) = (order.iter().position(|&o| o == nodes[0]), joins_of(g, nodes).iter().min_by_key(|&&j| order.iter().position(|&o| o == j))) else { continue };
+        let join_at = order.iter().position(|&o| o == join).unwrap_or(order.len());
         // The main lane's scores between the branch and the attention that joins it.
-        let join = nodes.iter().flat_map(|&n| g.consumers(n)).filter(|c| !inside.contains(c)).filter_map(pos).min().unwrap_or(order.len());
-        let Some(scores) = (first..join).find(|&p| !inside.contains(&order[p]) && matches!(g.node(order[p]).op, Op::IndexerScores { .. })) else { continue };
-        let read_at = nodes.iter().flat_map(|&n| g.inputs(n)).filter(|i| !inside.contains(i)).filter_map(pos).max().unwrap_or(0);
-        let at = (scores - 1).max(read_at);
-        let (kept, moved): (Vec<NodeId>, Vec<NodeId>) = order[first..=at].iter().partition(|n| !inside.contains(n));
-        order.splice(first..=at, kept.into_iter().chain(moved));
+        let Some(scores) = (first..join_at).map(|p| order[p]).find(|&n| !inside.contains(&n) && matches!(g.node(n).op, Op::IndexerScores { .. })) else { continue };
+        let before = match joined.contains(&scores) {
+            true => order.iter().skip_while(|&&o| o != scores).skip(1).copied().find(|n| !inside.contains(n)),
+            false => Some(scores),
+        };
+        place(g, &mut order, nodes, before);
     }
     order
+}
+
+/// The readers of `nodes` outside them (a branch's joins).
+fn joins_of(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
+    let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
+    let mut joins: Vec<NodeId> = nodes.iter().flat_map(|&n| g.consumers(n)).filter(|c| !inside.contains(c)).collect();
+    joins.dedup();
+    joins
+}
+
+/// Takes `nodes` (in order) out of `order` and puts them back together right before
+/// `before` (a node outside them), or, if that is earlier or none, right after the last
+/// value they read from outside; with the weights only they read (a weight node names
+/// its tensor for its readers: it reads nothing, so it may go anywhere before them).
+fn place(g: &Graph, order: &mut Vec<NodeId>, nodes: &[NodeId], before: Option<NodeId>) {
+    let mut inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
+    let weights: Vec<NodeId> = nodes.iter().flat_map(|&n| g.inputs(n)).filter(|&w| matches!(g.node(w).op, Op::Weight { .. }) && g.consumers(w).iter().all(|c| inside.contains(c))).collect();
+    inside.extend(weights);
+    let moved: Vec<NodeId> = order.iter().copied().filter(|n| inside.contains(n)).collect();
+    order.retain(|n| !inside.contains(n));
+    let pos = |n: NodeId| order.iter().position(|&o| o == n);
+    let after_inputs = inside.iter().flat_map(|&n| g.inputs(n)).filter(|i| !inside.contains(i)).filter_map(pos).max().map_or(0, |p| p + 1);
+    let at = before.and_then(pos).unwrap_or(0).max(after_inputs);
+    order.splice(at..at, moved);
 }
 
 /// A frequency table's cache key: its values as f32 bits.
@@ -267,7 +336,8 @@ mod tests {
     use super::*;
 
     /// A branch is what one value needs that the others do not (inputs and weights
-    /// aside), and none when a node of it is read from outside or is a graph output.
+    /// aside), less what is read from outside it, and none when the value is a graph
+    /// output.
     #[test]
     fn a_branch_is_what_only_its_value_needs() {
         use ds4_ir::{Dim, TensorType};
@@ -282,7 +352,7 @@ mod tests {
         assert_eq!(own_ancestors(&g, other, &[s2]), vec![other], "`a` is the other side's too");
         let mut leaky = g.clone();
         leaky.add("leak", Op::Add, &[s1, x]).unwrap();
-        assert!(own_ancestors(&leaky, s2, &[other]).is_empty(), "s1 read outside the branch");
+        assert_eq!(own_ancestors(&leaky, s2, &[other]), vec![s2], "s1 read outside the branch: left on the main lane");
         let mut out = g.clone();
         out.mark_output("s2", s2);
         assert!(own_ancestors(&out, s2, &[other]).is_empty(), "a graph output");
@@ -297,7 +367,7 @@ mod tests {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands) = (0, 0, 0, 0, 0, 0, 0, 0, 0);
+        let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands, mut indexed) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -323,10 +393,18 @@ mod tests {
                     side += 1;
                 }
                 Some(Branch::Query) => {
-                    assert!(g.node(id).label.contains("q"), "{}: on the query's branch", g.node(id).label);
+                    assert!(g.node(id).label.contains("q") && !g.node(id).label.contains("indexer"), "{}: on the query's branch", g.node(id).label);
                     query += 1;
                 }
+                Some(Branch::IndexerQuery) => {
+                    assert!(g.node(id).label.contains("indexer.q"), "{}: on the indexer query's branch", g.node(id).label);
+                    indexed += 1;
+                }
                 None => {}
+            }
+            if let Op::IndexerScores { .. } = g.node(id).op {
+                assert!(plan.joins(id) && plan.side(g.inputs(id)[0]) == Some(Branch::IndexerQuery), "{}: joins the indexer query's branch", g.node(id).label);
+                assert!(plan.side(g.inputs(id)[1]).is_none() && plan.side(g.inputs(id)[2]).is_none(), "{}: head weights and rows on the main lane", g.node(id).label);
             }
             if let Op::Attention { .. } = g.node(id).op {
                 assert!(plan.joins(id) && plan.side(g.inputs(id)[0]) == Some(Branch::Query), "{}: joins the query's branch", g.node(id).label);
@@ -346,17 +424,24 @@ mod tests {
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
         assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
         assert!(query >= 2 * model.hp.n_layer, "the query's q_b, norm and RoPE on the side branch: {query}");
+        let csa = model.hp.compress_ratios.iter().filter(|&&r| r == 4).count();
+        assert!(csa > 0 && indexed >= 3 * csa, "a CSA layer's indexer query projection, RoPE and Hadamard on their branch: {indexed}");
     }
 
     /// The run order holds every node once, each after its inputs, with its last uses;
-    /// in a layer with an indexer the query branch runs right before the indexer's
-    /// scores, elsewhere where the graph has it.
+    /// in a layer with an indexer the indexer's query branch runs right after the query
+    /// norm it reads and the attention's query branch right after the indexer's scores,
+    /// elsewhere where the graph has it; a run that skips the selections keeps the
+    /// graph's order.
     #[test]
-    fn run_order_moves_only_an_indexed_layers_query_branch() {
+    fn run_order_moves_only_an_indexed_layers_query_branches() {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
-        let order = plan.order();
+        let every_row = plan.schedule(true);
+        assert_eq!(every_row.order, g.order());
+        assert_eq!(every_row.last_use, g.last_uses_in(&g.order()));
+        let order = &plan.schedule(false).order;
         let mut pos = vec![usize::MAX; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
         for (p, n) in order.iter().enumerate() {
             assert_eq!(pos[n.index()], usize::MAX, "{} twice", g.node(*n).label);
@@ -368,7 +453,14 @@ mod tests {
                 assert!(pos[i.index()] < pos[n.index()], "{} before its input {}", g.node(n).label, g.node(i).label);
             }
         }
-        assert_eq!(plan.last_use(), g.last_uses_in(order));
+        assert_eq!(plan.schedule(false).last_use, g.last_uses_in(order));
+        let at = |label: String| g.order().into_iter().find(|&n| g.node(n).label == label);
+        let branch = |layer: &str, b: Branch| -> Vec<usize> {
+            let mut p: Vec<usize> = g.order().into_iter().filter(|&n| plan.side(n) == Some(b) && g.node(n).label.starts_with(&format!("{layer}."))).map(|n| pos[n.index()]).collect();
+            p.sort();
+            assert_eq!(p[0] + p.len() - 1, p[p.len() - 1], "{layer}: {b:?}'s nodes together");
+            p
+        };
         let (mut moved, mut kept) = (0, 0);
         for id in g.order() {
             let label = &g.node(id).label;
@@ -376,12 +468,15 @@ mod tests {
                 continue;
             }
             let layer = label.split('.').take(2).collect::<Vec<_>>().join(".");
-            match g.order().into_iter().find(|&n| g.node(n).label == format!("{layer}.indexer.scores")) {
+            match at(format!("{layer}.indexer.scores")) {
                 Some(scores) => {
-                    let branch: Vec<NodeId> = g.order().into_iter().filter(|&n| plan.side(n) == Some(Branch::Query) && g.node(n).label.starts_with(&format!("{layer}."))).collect();
-                    let last = branch.iter().map(|n| pos[n.index()]).max().unwrap();
-                    assert_eq!(last + 1, pos[scores.index()], "{label}: the branch right before the scores");
-                    assert_eq!(branch.iter().map(|n| pos[n.index()]).min().unwrap() + branch.len() - 1, last, "{label}: the branch together");
+                    let query = branch(&layer, Branch::Query);
+                    // Right after: nothing between but the weights they read.
+                    let right_after = |from: usize, to: usize| (from + 1..to).all(|p| matches!(g.node(order[p]).op, Op::Weight { .. }));
+                    assert!(query[0] > pos[scores.index()] && right_after(pos[scores.index()], query[0]), "{label}: the query's branch right after the scores");
+                    let indexer = branch(&layer, Branch::IndexerQuery);
+                    let norm = at(format!("{layer}.q_a.norm")).expect("the query's norm");
+                    assert!(indexer[0] > pos[norm.index()] && right_after(pos[norm.index()], indexer[0]), "{label}: the indexer's query right after the norm it reads");
                     moved += 1;
                 }
                 None => {
