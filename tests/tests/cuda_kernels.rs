@@ -1100,7 +1100,7 @@ fn indexer_scores_vec_is_the_cpus_floats() {
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
     let sms = 132;
-    for (heads, dk) in [(64, 128), (64, 128), (7, 4), (3, 36), (128, 64)] {
+    for (case, (heads, dk)) in [(64, 128), (64, 128), (7, 4), (3, 36), (128, 64), (64, 128), (64, 128)].into_iter().enumerate() {
         let tokens = r.range(1, cuda_indexer_scores::MAX_TOKENS + 1);
         let (n_rows, ratio) = (r.range(1, 3000), 4);
         // The last token sees every row but up to 39, the earlier ones one fewer at most.
@@ -1116,23 +1116,26 @@ fn indexer_scores_vec_is_the_cpus_floats() {
         }
         let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(tokens * n_rows * 4).unwrap());
         assert!(cuda_indexer_scores::fits(tokens, heads, dk, n_rows));
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(pos0), u(ratio)];
-        let grid = (cuda_indexer_scores::blocks(n_rows, sms), tokens as u32, 1);
+        // Every tile size (any serves any row count), and the one the runtime picks.
+        let tile = [4, 8, 16, 32].get(case).copied().unwrap_or_else(|| cuda_indexer_scores::tile_rows(n_rows, sms));
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(pos0), u(ratio), u(tile)];
+        let grid = (cuda_indexer_scores::blocks(n_rows, tile, sms), tokens as u32, 1);
         launch(&dev, &k.func, grid, (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n_rows).unwrap();
         let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         let hidden = want.iter().filter(|v| **v == f32::NEG_INFINITY).count();
-        println!("indexer_scores_vec: {tokens} tokens × {heads} heads of {dk}, {n_rows} rows ({hidden} scores not visible): {differ} differ");
+        println!("indexer_scores_vec: {tokens} tokens × {heads} heads of {dk}, {n_rows} rows in tiles of {tile} ({hidden} scores not visible): {differ} differ");
         assert_eq!(differ, 0, "indexer_scores_vec off the CPU's floats ({tokens} × {heads} × {dk}, {n_rows} rows)");
     }
     // Time (µs a launch, host-timed, the best of 20) at the indexer's shapes.
     let (heads, dk) = (64, 128);
-    for n_rows in [2048usize, 8192, 16384, 65536] {
+    for n_rows in [513usize, 2048, 8192, 16384, 65536] {
         let (q, w, rows) = (f32s(&mut r, heads * dk, -1.0, 1.0), f32s(&mut r, heads, -1.0, 1.0), f32s(&mut r, n_rows * dk, -1.0, 1.0));
         let (qb, wb, rb, out) = (dev.upload(&q).unwrap(), dev.upload(&w).unwrap(), dev.upload(&rows).unwrap(), dev.alloc(n_rows * 4).unwrap());
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(4 * n_rows - 1), u(4)];
-        let best = 1e6 * best_time(&dev, 20, || launch(&dev, &k.func, (cuda_indexer_scores::blocks(n_rows, sms), 1, 1), (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap());
-        println!("indexer_scores_vec: 64 heads of 128 against {n_rows} rows: {best:.1} µs (host-timed, a launch)");
+        let tile = cuda_indexer_scores::tile_rows(n_rows, sms);
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(qb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), u(n_rows), u(heads), u(dk), u(4 * n_rows - 1), u(4), u(tile)];
+        let best = 1e6 * best_time(&dev, 20, || launch(&dev, &k.func, (cuda_indexer_scores::blocks(n_rows, tile, sms), 1, 1), (cuda_indexer_scores::threads(heads), 1, 1), cuda_indexer_scores::shared_bytes(heads, dk), &args).unwrap());
+        println!("indexer_scores_vec: 64 heads of 128 against {n_rows} rows, tiles of {tile}: {best:.1} µs (host-timed, a launch)");
     }
 }
 

@@ -1202,9 +1202,10 @@ impl GpuExecutor<'_> {
                     // CPU's floats); `DS4_INDEXER_VEC=0` turns it off.
                     if cuda_indexer_scores::fits(tokens, heads, dk, n_rows) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
                         let out = self.dev.alloc(n_out * 4)?;
-                        let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", f(1)?), ("rows", Arg::Ptr(rows))][..], &common].concat();
+                        let tile = cuda_indexer_scores::tile_rows(n_rows, self.dev.sms);
+                        let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", f(1)?), ("rows", Arg::Ptr(rows)), ("tile_rows", u(tile))][..], &common].concat();
                         let k = self.kernels.get(cuda_indexer_scores::NAME)?;
-                        self.call_threads(k, cuda_indexer_scores::NAME, (cuda_indexer_scores::blocks(n_rows, self.dev.sms), tokens as u32, 1), cuda_indexer_scores::threads(heads), cuda_indexer_scores::shared_bytes(heads, dk), &named)?;
+                        self.call_threads(k, cuda_indexer_scores::NAME, (cuda_indexer_scores::blocks(n_rows, tile, self.dev.sms), tokens as u32, 1), cuda_indexer_scores::threads(heads), cuda_indexer_scores::shared_bytes(heads, dk), &named)?;
                         GVal::F(DevSlice::whole(out, n_out))
                     } else {
                         // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
