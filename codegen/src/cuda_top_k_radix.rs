@@ -58,10 +58,23 @@ pub const MAX_SHARED_BYTES: u32 = (MAX_K * 8) as u32;
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k_radix.rs", cuda_top_k::HELPERS, &THREADS.to_string(), &cuda_top_k::contract(), BODY)
+    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k_radix.rs", cuda_top_k::HELPERS, &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{SORTED}"))
 }
 
-const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
+/// `top_k_rows`: the same selection, its picks in row order (ascending indices, -1 after
+/// them) instead of score order: no sort. For a selection whose only reader does not
+/// depend on its order (an attention over the picked rows: the softmax adds the same
+/// terms, in row order, as a causal attention does); the runtime takes it there
+/// (`fusion_plan.rs`, `rows_top_k`). Any n; k up to [`MAX_K`]; no dynamic shared memory.
+pub const ROWS_NAME: &str = "top_k_rows";
+
+/// `top_k_rows`' CUDA source for a CUDA target (`None` for the others).
+pub fn rows_source(target: Target) -> Option<String> {
+    crate::cuda::text_kernel(target, ROWS_NAME, "codegen/src/cuda_top_k_radix.rs", cuda_top_k::HELPERS, &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{IN_ROW_ORDER}"))
+}
+
+/// The selection: the prefix of the k-th largest key (both kernels).
+const SELECT: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
     __shared__ unsigned int ds4_hist[256];
     __shared__ unsigned int ds4_count, ds4_taken, ds4_bin, ds4_above;
     const usize item = blockIdx.x;
@@ -148,7 +161,10 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
             break;
         }
     }
-    // The k largest keys: masked, at least the prefix (every chosen key when none is left
+"#;
+
+/// `top_k_radix`' end: the picks gathered and sorted.
+const SORTED: &str = r#"    // The k largest keys: masked, at least the prefix (every chosen key when none is left
     // out).
     // A warp's selected keys take consecutive places (one add a warp).
     for (unsigned int base = 0u; base < nn; base += blockDim.x) {
@@ -168,6 +184,49 @@ const BODY: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
     }
     __syncthreads();
     ds4_sort_and_pick(ds4_keys, picked, out + item * k, k, picked);
+"#;
+
+/// `top_k_rows`' end: the picks' rows in row order, a block-wide running count (a warp's
+/// takers by ballot, the warps' counts scanned by warp 0), -1 past them.
+const IN_ROW_ORDER: &str = r#"    __shared__ unsigned int ds4_warp_at[32];
+    int* const dst = out + item * k;
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    unsigned int placed = 0u;
+    for (unsigned int base = 0u; base < nn; base += blockDim.x) {
+        const unsigned int i = base + threadIdx.x;
+        const unsigned long long key = i < nn ? ds4_top_k_key(row[i], i) : 0ull;
+        const bool take = key != 0ull && (key & mask) >= prefix;
+        const unsigned int takers = __ballot_sync(0xffffffffu, take);
+        if (lane == 0u) {
+            ds4_warp_at[warp] = (unsigned int)__popc(takers);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32u) {
+            const unsigned int c = threadIdx.x < blockDim.x / 32u ? ds4_warp_at[threadIdx.x] : 0u;
+            unsigned int upto = c;
+            #pragma unroll
+            for (unsigned int o = 1; o < 32u; o <<= 1) {
+                const unsigned int v = __shfl_up_sync(0xffffffffu, upto, o);
+                if (lane >= o) {
+                    upto += v;
+                }
+            }
+            ds4_warp_at[threadIdx.x] = upto - c;
+            if (threadIdx.x == 31u) {
+                ds4_taken = upto;
+            }
+        }
+        __syncthreads();
+        if (take) {
+            dst[placed + ds4_warp_at[warp] + (unsigned int)__popc(takers & ((1u << lane) - 1u))] = (int)i;
+        }
+        placed += ds4_taken;
+        // Every thread has its places before the next chunk's counts.
+        __syncthreads();
+    }
+    for (unsigned int p = picked + threadIdx.x; p < kk; p += blockDim.x) {
+        dst[p] = -1;
+    }
 "#;
 
 #[cfg(test)]

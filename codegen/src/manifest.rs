@@ -79,7 +79,7 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         Op::IndexerScores { .. } => &[cuda_indexer_scores::NAME],
         // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N), or
         // by radix selection then a sort of the k picks (long rows).
-        Op::TopK { .. } => &[cuda_top_k::NAME, cuda_top_k_radix::NAME],
+        Op::TopK { .. } => &[cuda_top_k::NAME, cuda_top_k_radix::NAME, cuda_top_k_radix::ROWS_NAME],
         // A decode token's routing (scores, selection, top k, weights) in one launch.
         Op::RouterScores => &[cuda_router::NAME],
         // The rows the stateful ops append to their logs, copied in a decode step's graph.

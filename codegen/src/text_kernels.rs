@@ -111,14 +111,23 @@ pub fn all() -> Vec<TextKernel> {
             source: cuda_top_k_radix::source,
         },
         TextKernel {
+            name: cuda_top_k_radix::ROWS_NAME,
+            params: TextParams::Contract(cuda_top_k::contract()),
+            threads: cuda_top_k_radix::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_k\": {}, \"order\": \"rows\"", cuda_top_k_radix::THREADS, cuda_top_k_radix::MAX_K),
+            manifest_shared: 0,
+            source: cuda_top_k_radix::rows_source,
+        },
+        TextKernel {
             name: cuda_indexer_scores::NAME,
             params: TextParams::Own(cuda_indexer_scores::params()),
             threads: cuda_indexer_scores::MAX_THREADS,
             dyn_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
             launch: format!(
-                "\"grid\": \"[min(ceil(n_rows / {}), 2 · SMs), tokens ≤ {}, 1]\", \"block\": \"[4 · heads in whole warps, 1, 1]\"",
-                cuda_indexer_scores::TILE_ROWS,
-                cuda_indexer_scores::MAX_TOKENS
+                "\"grid\": \"[min(ceil(n_rows / tile_rows), 2 · SMs), tokens ≤ {}, 1]\", \"block\": \"[4 · heads in whole warps, 1, 1]\", \"tile_rows\": \"4 to {}, the fewest that fill the SMs\"",
+                cuda_indexer_scores::MAX_TOKENS,
+                cuda_indexer_scores::TILE_ROWS
             ),
             manifest_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
             source: |t| cuda_only(t, cuda_indexer_scores::source),

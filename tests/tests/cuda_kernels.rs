@@ -1029,7 +1029,7 @@ fn attention_merge_rope_matches_merge_then_rope() {
 
 /// `top_k_sort` (a block sorts its row) and `top_k_radix` (a radix selection, then a sort
 /// of the picks) against the reference `top_k` (the Rust body the IR kernel is made from):
-/// the same picks, in the same order, on rows with ties, -inf, NaN and both zeros, from 1
+/// the same picks, in the same order (`top_k_rows`: in row order), on rows with ties, -inf, NaN and both zeros, from 1
 /// to `MAX_N` scores (the router's 6 of 256, the indexer's 512 of 2048) and, for the radix
 /// selection, past it (the indexer's rows at ctx 160K), k below and above n, several rows
 /// a launch. Then both kernels' times on rows of uniform scores, k = 512.
@@ -1037,7 +1037,7 @@ fn attention_merge_rope_matches_merge_then_rope() {
 fn top_k_kernels_pick_what_top_k_picks() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
-    let (sort, radix) = (ks.get(cuda_top_k::NAME).unwrap(), ks.get(cuda_top_k_radix::NAME).unwrap());
+    let (sort, radix, rows) = (ks.get(cuda_top_k::NAME).unwrap(), ks.get(cuda_top_k_radix::NAME).unwrap(), ks.get(cuda_top_k_radix::ROWS_NAME).unwrap());
     let mut r = Rng(seed());
     let sizes = [1, 2, 5, 31, 256, 300, 1000, 2048, 5000, cuda_top_k::MAX_N, 40_000];
     for (case, &n) in sizes.iter().enumerate() {
@@ -1071,12 +1071,21 @@ fn top_k_kernels_pick_what_top_k_picks() {
                 launch(&dev, &radix.func, (items as u32, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap();
                 let got: Vec<i32> = out2.read(items * k).unwrap();
                 assert_eq!(got, want, "top_k_radix: {items} rows of {n}, k {k}");
+                // top_k_rows: the same picks in row order, then the same -1s.
+                launch(&dev, &rows.func, (items as u32, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), 0, &args).unwrap();
+                let got: Vec<i32> = out2.read(items * k).unwrap();
+                for it in 0..items {
+                    let mut w = want[it * k..(it + 1) * k].to_vec();
+                    let picks = w.iter().take_while(|&&p| p >= 0).count();
+                    w[..picks].sort_unstable();
+                    assert_eq!(got[it * k..(it + 1) * k], w[..], "top_k_rows: row {it} of {items}, {n} scores, k {k}");
+                }
             }
         }
-        println!("top_k_sort, top_k_radix: {items} rows of {n} scores: the reference's picks");
+        println!("top_k_sort, top_k_radix, top_k_rows: {items} rows of {n} scores: the reference's picks");
     }
     // Times (µs a launch of one row, the best of 20) of both on the indexer's rows.
-    for n in [1024usize, 2048, 4096, 8192, cuda_top_k::MAX_N, 65_536] {
+    for n in [528usize, 1024, 2048, 4096, 8192, cuda_top_k::MAX_N, 65_536] {
         let k = 512;
         let scores = f32s(&mut r, n, -3.0, 3.0);
         let (s_buf, out) = (dev.upload(&scores).unwrap(), dev.alloc(k * 4).unwrap());
@@ -1084,7 +1093,8 @@ fn top_k_kernels_pick_what_top_k_picks() {
         let time = |f: &dyn Fn()| best_time(&dev, 20, f) * 1e6;
         let t_sort = if cuda_top_k::fits(n) { time(&|| launch(&dev, &sort.func, (1, 1, 1), (cuda_top_k::threads(n), 1, 1), cuda_top_k::shared_bytes(n), &args).unwrap()) } else { f64::NAN };
         let t_radix = time(&|| launch(&dev, &radix.func, (1, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), cuda_top_k_radix::shared_bytes(n, k), &args).unwrap());
-        println!("top_k of {k} from {n} uniform scores: top_k_sort {t_sort:.1} µs, top_k_radix {t_radix:.1} µs (host-timed, a launch each)");
+        let t_rows = time(&|| launch(&dev, &rows.func, (1, 1, 1), (cuda_top_k_radix::THREADS, 1, 1), 0, &args).unwrap());
+        println!("top_k of {k} from {n} uniform scores: top_k_sort {t_sort:.1} µs, top_k_radix {t_radix:.1} µs, top_k_rows {t_rows:.1} µs (host-timed, a launch each)");
     }
 }
 

@@ -36,6 +36,7 @@ pub struct FusionPlan {
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
+    rows_top_k: std::collections::HashSet<usize>,
     /// The order a step runs the nodes in, with its selections (`run_order`) and where
     /// it skips them (`crate::all_rows`: the graph's order).
     selecting: Schedule,
@@ -102,6 +103,13 @@ impl FusionPlan {
                 Op::Attention { .. } => {
                     if let Some(r) = g.only_reader(id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
                         plan.attention_rope.insert(i, r);
+                    }
+                    // A selection read by this attention alone: its order is the order
+                    // the attention adds its rows in, nothing more.
+                    if let (Op::Attention { comp: ds4_ir::CompMode::Selected, .. }, Some(&sel)) = (&g.node(id).op, g.inputs(id).get(4)) {
+                        if matches!(g.node(sel).op, Op::TopK { .. }) && g.consumers(sel) == [id] && !g.is_output(sel) {
+                            plan.rows_top_k.insert(sel.index());
+                        }
                     }
                     // The query (input 0): what it needs that the attention's other inputs
                     // do not.
@@ -207,6 +215,14 @@ impl FusionPlan {
     /// routed experts make that add, their launch joins it).
     pub fn joins(&self, node: NodeId) -> bool {
         self.joins.contains(&node.index())
+    }
+
+    /// Whether top-k node `top_k` may give its picks in row order rather than score order
+    /// (`cuda_top_k_radix::ROWS_NAME`): its only reader is an attention over the picked
+    /// rows, whose softmax adds the same terms in either order (in row order, the order a
+    /// causal attention adds them in).
+    pub fn rows_top_k(&self, top_k: NodeId) -> bool {
+        self.rows_top_k.contains(&top_k.index())
     }
 
     /// RoPE node `rope`'s frequency table key.
@@ -401,6 +417,9 @@ mod tests {
                     indexed += 1;
                 }
                 None => {}
+            }
+            if let Op::TopK { .. } = g.node(id).op {
+                assert_eq!(plan.rows_top_k(id), g.node(id).label.contains("indexer"), "{}: only the indexer's picks in row order", g.node(id).label);
             }
             if let Op::IndexerScores { .. } = g.node(id).op {
                 assert!(plan.joins(id) && plan.side(g.inputs(id)[0]) == Some(Branch::IndexerQuery), "{}: joins the indexer query's branch", g.node(id).label);
