@@ -52,6 +52,17 @@ fn chunk_steps() -> usize {
     *N.get_or_init(|| std::env::var("DS4_GRAPH_CHUNK").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(CHUNK_STEPS))
 }
 
+/// The first chunk after the host drained the queue (a decode step's start: the ids
+/// written, the previous step's logits read) is this short: the GPU, idle since the host
+/// read, starts once these are recorded rather than after a whole chunk, and the host
+/// records the rest while it runs. `DS4_GRAPH_FIRST` overrides it (for measuring).
+pub const FIRST_CHUNK_STEPS: usize = 16;
+
+fn first_chunk_steps() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("DS4_GRAPH_FIRST").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(FIRST_CHUNK_STEPS))
+}
+
 /// How consecutive kernels of a graph are linked (`DS4_PDL`): by a programmatic edge, so
 /// that a kernel is launched before its predecessor finishes and waits for it in its
 /// first statement (`griddepcontrol.wait`, which every generated kernel starts with: see
@@ -176,6 +187,8 @@ pub struct LaunchPlan {
     /// after another become one launch of it (`run`, `join_copy`).
     pub copy_kernel: Option<CopyKernel>,
     clock: u64,
+    /// Chunks submitted since the host last drained the queue (`full`).
+    chunks: usize,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
     pub graphs_launched: u64,
     pub steps_in_graphs: u64,
@@ -269,7 +282,11 @@ impl LaunchPlan {
             };
             self.queue.push(step);
             self.links.push(link);
-            return if self.full() { self.submit(ctx) } else { Ok(()) };
+            if self.full() {
+                self.send(ctx)?;
+                self.chunks += 1;
+            }
+            return Ok(());
         }
         self.submit(ctx)?;
         step.submit()
@@ -296,13 +313,21 @@ impl LaunchPlan {
         true
     }
 
-    /// Whether the queue is long enough to submit now (`CHUNK_STEPS`).
+    /// Whether the queue is long enough to submit now (`FIRST_CHUNK_STEPS` after the host
+    /// drained it, then `CHUNK_STEPS`).
     fn full(&self) -> bool {
-        self.queue.len() >= chunk_steps()
+        self.queue.len() >= if self.chunks == 0 { first_chunk_steps() } else { chunk_steps() }
+    }
+
+    /// Submits the queue for the host (before it touches device memory, or as a run
+    /// stops recording): the next chunk is a first one.
+    pub(super) fn submit(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
+        self.chunks = 0;
+        self.send(ctx)
     }
 
     /// Submits the queue: as a graph (built or updated) when long enough, else one by one.
-    pub(super) fn submit(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
+    fn send(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
         if self.queue.is_empty() {
             return Ok(());
         }
@@ -628,8 +653,17 @@ mod tests {
         p.set_recording(false); // more stops than starts stay at zero
         assert!(!p.recording());
         p.set_recording(true);
-        while p.queue.len() + 1 < chunk_steps() {
+        while p.queue.len() + 1 < first_chunk_steps() {
             p.run(kernel(3), ctx).unwrap();
+        }
+        assert!(!p.full(), "one short of a first chunk");
+        p.queue.push(kernel(4));
+        assert!(p.full());
+        // Past the first chunk, whole ones.
+        p.chunks = 1;
+        assert!(!p.full() || first_chunk_steps() >= chunk_steps());
+        while p.queue.len() + 1 < chunk_steps() {
+            p.queue.push(kernel(3));
         }
         assert!(!p.full(), "one short of a chunk");
         p.queue.push(kernel(4));
