@@ -11,8 +11,8 @@
 //! Here block b takes tiles of [`tile_rows`] rows (tile b, b + grid, ...): the token's
 //! queries sit in shared memory head by head (rows of dk + 4 floats, so that a warp's
 //! lanes, consecutive heads, read a float4 each from different banks), a tile's rows beside
-//! them; thread (head h, group g) makes the dots of head h with the tile's rows R·g .. R·g
-//! + R (R = tile rows / 4), four dimensions a step (each row's float4 is one broadcast
+//! them; thread (head h, group g) makes the dots of head h with the tile's rows from R·g
+//! to R·g + R (R = tile rows / 4), four dimensions a step (each row's float4 is one broadcast
 //! load, each query float4 feeds 4·R products), and writes each relu'd, weighted term to
 //! shared memory; then thread r adds row r's terms over the heads in the reference's order,
 //! with the reference's products (relu(dot) · scale · (w · wscale)). The dots add their

@@ -10,7 +10,7 @@
 //! `attention_merge_rope`, `split_x_bf16x3`, `copy_spans`).
 
 use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_expand, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
+use crate::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -209,9 +209,18 @@ pub fn all() -> Vec<TextKernel> {
             params: TextParams::Own(cuda_matvec_dense::params()),
             threads: cuda_matvec_dense::THREADS,
             dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1]", cuda_matvec_dense::DENSE_ROWS, cuda_matvec_dense::THREADS),
-            manifest_shared: (cuda_matvec_dense::THREADS / 32) * cuda_matvec_dense::DENSE_ROWS as u32 * 4 + cuda_hc_expand::shared_bytes(cuda_matvec_dense::DENSE_ROWS as usize),
+            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1], \"k\": \"> {}\"", cuda_matvec_dense::DENSE.rows, cuda_matvec_dense::THREADS, cuda_matvec_dense::SHORT_MAX_K),
+            manifest_shared: cuda_matvec_dense::shared_bytes(&cuda_matvec_dense::DENSE),
             source: cuda_matvec_dense::source,
+        },
+        TextKernel {
+            name: cuda_matvec_dense::SHORT.name,
+            params: TextParams::Own(cuda_matvec_dense::params()),
+            threads: cuda_matvec_dense::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1], \"k\": \"<= {}\"", cuda_matvec_dense::SHORT.rows, cuda_matvec_dense::THREADS, cuda_matvec_dense::SHORT_MAX_K),
+            manifest_shared: cuda_matvec_dense::shared_bytes(&cuda_matvec_dense::SHORT),
+            source: cuda_matvec_dense::short_source,
         },
         TextKernel {
             name: cuda_norm_rope::NAME,

@@ -717,8 +717,8 @@ fn assert_expand_is_the_ops(kernel: &str, got: &[f32], y: &[f32], streams: &[f32
     assert_eq!(differ, 0, "{kernel}: the expand is not hc_expand's floats");
 }
 
-/// `matvec_dense_q8_0_r` (every row of Q8_0_R for each token, quant/cuda_matvec_dense.rs)
-/// against the f64 product of the de-quantized rows, to 1e-5 of Σ|w·x| as every mat-vec,
+/// `matvec_dense_q8_0_r` and its short-row form (every row of Q8_0_R for each token,
+/// quant/cuda_matvec_dense.rs) against the f64 product of the de-quantized rows, to 1e-5 of Σ|w·x| as every mat-vec,
 /// and, where the generated `matvec_q8_0_r` takes a block per group of four rows (the
 /// same lanes over the same runs), bit for bit against it: a row count that leaves the
 /// last block short (its rows clamped, not written), row groups reading their own x, two
@@ -729,12 +729,15 @@ fn assert_expand_is_the_ops(kernel: &str, got: &[f32], y: &[f32], streams: &[f32
 fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
-    let (dense, generated) = (ks.get(cuda_matvec_dense::NAME).unwrap(), ks.get(&kernel_name(QuantKernelKind::MatVec, ds4_ir::GgmlType::Q8_0R)).unwrap());
+    let generated = ks.get(&kernel_name(QuantKernelKind::MatVec, ds4_ir::GgmlType::Q8_0R)).unwrap();
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
-    for &(n, k, groups, tokens) in &[(1023usize, 256usize, 1usize, 1usize), (1536, 1024, 1, 1), (4096, 512, 1, 2), (8192, 768, 8, 1), (32768, 256, 1, 1)] {
+    let (four, sixteen) = (&cuda_matvec_dense::DENSE, &cuda_matvec_dense::SHORT);
+    let cases = [(four, 1023usize, 256usize, 1usize, 1usize), (four, 1536, 1024, 1, 1), (four, 4096, 512, 1, 2), (four, 8192, 768, 8, 1), (four, 32768, 256, 1, 1), (sixteen, 32768, 1024, 1, 1), (sixteen, 4099, 768, 1, 2), (sixteen, 8192, 512, 8, 1)];
+    for &(form, n, k, groups, tokens) in &cases {
+        let dense = ks.get(form.name).unwrap();
         let ng = n.div_ceil(groups);
-        assert!(cuda_matvec_dense::fits(ds4_ir::GgmlType::Q8_0R, n, k, tokens, groups, ng, 1, 1, false, false), "{n} × {k}");
+        assert!(cuda_matvec_dense::fits(form, ds4_ir::GgmlType::Q8_0R, n, k, tokens, groups, ng, 1, 1, false, false), "{n} × {k}");
         let rb = ds4_ir::GgmlType::Q8_0R.bytes_for(k as u64).unwrap() as usize;
         let src = f32s(&mut r, n * k, -2.0, 2.0);
         let (mut q8, mut bytes) = (vec![0u8; n * rb], vec![0u8; n * rb]);
@@ -746,18 +749,18 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
         ds4_ir::quant::dequantize_row(ds4_ir::GgmlType::Q8_0R, &bytes, &mut wrows).unwrap();
         let x = f32s(&mut r, tokens * groups * k, -1.0, 1.0);
         let (wb, xb, out, out_gen, dummy) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(256).unwrap());
-        let (gx, gy) = cuda_matvec_dense::grid(n, tokens);
+        let (gx, gy) = cuda_matvec_dense::grid(form, n, tokens);
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0)];
         launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
         let nh = 1 + r.range(0, cuda_hc_mix::MAX_NH);
-        if cuda_matvec_dense::expand_fits(groups, nh) {
+        if cuda_matvec_dense::expand_fits(form, groups, nh) {
             let (streams, mix) = expand_inputs(&mut r, tokens, n, nh);
             let (sb, mb, eout, out2) = (dev.upload(&streams).unwrap(), dev.upload(&mix).unwrap(), dev.alloc(tokens * nh * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap());
             let args = [Arg::Ptr(out2.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(eout.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(mb.ptr), u(nh)];
             launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
-            assert!(out2.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the expand changed the output", cuda_matvec_dense::NAME);
-            assert_expand_is_the_ops(cuda_matvec_dense::NAME, &eout.read::<f32>(tokens * nh * n).unwrap(), &got, &streams, &mix, tokens, n, nh);
+            assert!(out2.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the expand changed the output", form.name);
+            assert_expand_is_the_ops(form.name, &eout.read::<f32>(tokens * nh * n).unwrap(), &got, &streams, &mix, tokens, n, nh);
         }
         let mut worst = 0f64;
         for t in 0..tokens {
@@ -778,9 +781,9 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
         } else {
             None
         };
-        println!("{}: {n} rows × {k} in {groups} groups, {tokens} tokens: worst |Δ|/Σ|w·x| {worst:.2e}; {}", cuda_matvec_dense::NAME, match same { Some(d) => format!("{d} values differ from the generated kernel's"), None => "the generated kernel takes another path".into() });
-        assert!(worst < 1e-5, "{}: off by {worst}", cuda_matvec_dense::NAME);
-        assert_eq!(same.unwrap_or(0), 0, "{}: not the generated block-per-group sums", cuda_matvec_dense::NAME);
+        println!("{}: {n} rows × {k} in {groups} groups, {tokens} tokens: worst |Δ|/Σ|w·x| {worst:.2e}; {}", form.name, match same { Some(d) => format!("{d} values differ from the generated kernel's"), None => "the generated kernel takes another path".into() });
+        assert!(worst < 1e-5, "{}: off by {worst}", form.name);
+        assert_eq!(same.unwrap_or(0), 0, "{}: not the generated block-per-group sums", form.name);
     }
 }
 

@@ -25,7 +25,7 @@
 //! generated kernel's, added in the same order within a lane (`cuda_kernels` holds it to
 //! the mat-vec bound).
 
-use super::cuda_matvec::{reads_in_place, warps_sum, warps_total, BLOCK_GROUPS_FROM, DIRECT_BUFS, MATVEC_WARPS, RUN_UNROLL};
+use super::cuda_matvec::{reads_in_place, warps_sum, warps_total, BLOCK_GROUPS_FROM, MATVEC_WARPS, RUN_UNROLL};
 use super::runs::{Token, Walk};
 use super::{BufElem, Lower, QParam, QuantGenError, Reads};
 use crate::Target;
@@ -45,6 +45,41 @@ pub const THREADS: u32 = 32 * MATVEC_WARPS as u32;
 /// 8.6, `attn_q_b` 16.7 → 16.1, `attn_q_a`+`attn_kv` 5.8 → 6.0.
 pub const MIN_BLOCKS: u32 = 8;
 
+/// One form of the kernel: its name, rows a block, blocks an SM it is compiled for.
+pub struct Dense {
+    pub name: &'static str,
+    pub rows: u64,
+    pub min_blocks: u32,
+}
+
+/// The form for rows of more than [`SHORT_MAX_K`] values.
+pub const DENSE: Dense = Dense { name: NAME, rows: DENSE_ROWS, min_blocks: MIN_BLOCKS };
+
+/// The form for short rows: `attn_q_b`'s 1024 values are one 8-value run a lane, so a
+/// 4-row block is one round of loads (32 bytes a lane) between its start and its sums,
+/// 8,192 blocks in ~8 waves (standalone 15.4 µs against a plain read's 11.4). Sixteen
+/// rows a block keep 128 bytes a lane in flight, in a quarter of the blocks (128
+/// registers, four blocks an SM).
+pub const SHORT: Dense = Dense { name: "matvec_dense_q8_0_r_short", rows: 16, min_blocks: 4 };
+
+/// Rows this long or shorter take [`SHORT`].
+pub const SHORT_MAX_K: usize = 1024;
+
+/// The form for rows of `k` values (`DS4_DENSE_SHORT=0` measures without the short one:
+/// the runtime's switch).
+pub fn form(k: usize, short: bool) -> &'static Dense {
+    if short && k <= SHORT_MAX_K {
+        &SHORT
+    } else {
+        &DENSE
+    }
+}
+
+/// Names of the rows' pointers (a block's rows, up to [`SHORT`]'s).
+const ROW_PTRS: [&str; 16] = [
+    "ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3", "ds4_wd4", "ds4_wd5", "ds4_wd6", "ds4_wd7", "ds4_wd8", "ds4_wd9", "ds4_wd10", "ds4_wd11", "ds4_wd12", "ds4_wd13", "ds4_wd14", "ds4_wd15",
+];
+
 /// Parameters in launch order: out (m · n floats), the weights (n rows of `row_bytes`),
 /// x (token t's row group g at (t · groups + g) · k), rows, row length, bytes a row,
 /// row groups, rows a group; then the expand's (`cuda_hc_expand::params`, `enh` = 0 for
@@ -57,19 +92,19 @@ pub fn params() -> Vec<QParam> {
     p
 }
 
-/// Whether a launch can also make the `hc_expand` of its output (`cuda_hc_expand.rs`): one
-/// row group (the output is a token's y) of nh streams.
-pub fn expand_fits(groups: usize, nh: usize) -> bool {
-    groups == 1 && crate::cuda_hc_expand::fits(nh, DENSE_ROWS as usize, THREADS as usize)
+/// Whether a launch of `form` can also make the `hc_expand` of its output
+/// (`cuda_hc_expand.rs`): one row group (the output is a token's y) of nh streams.
+pub fn expand_fits(form: &Dense, groups: usize, nh: usize) -> bool {
+    groups == 1 && crate::cuda_hc_expand::fits(nh, form.rows as usize, THREADS as usize)
 }
 
-/// Whether a mat-vec takes this kernel: weights of [`DENSE_TYPE`], every row once (no
+/// Whether a mat-vec takes `form`: weights of [`DENSE_TYPE`], every row once (no
 /// selection, no pick weights, one pick, each token its own x), a block's rows in one row
 /// group, rows of whole runs, and enough groups of rows to fill the GPU (fewer: the
 /// generated kernel's block per row). 32-bit indices must hold.
 #[allow(clippy::too_many_arguments)]
-pub fn fits(ty: GgmlType, n: usize, k: usize, m: usize, groups: usize, ng: usize, picks: usize, x_div: usize, selected: bool, weighted: bool) -> bool {
-    let rows = DENSE_ROWS as usize;
+pub fn fits(form: &Dense, ty: GgmlType, n: usize, k: usize, m: usize, groups: usize, ng: usize, picks: usize, x_div: usize, selected: bool, weighted: bool) -> bool {
+    let rows = form.rows as usize;
     ty == DENSE_TYPE
         && picks == 1
         && x_div == 1
@@ -83,13 +118,23 @@ pub fn fits(ty: GgmlType, n: usize, k: usize, m: usize, groups: usize, ng: usize
         && ty.bytes_for(k as u64).is_some_and(|b| (b as usize) * rows < u32::MAX as usize)
 }
 
-/// The launch grid: a block per group of [`DENSE_ROWS`] rows, one row of blocks a token.
-pub fn grid(n: usize, m: usize) -> (u32, u32) {
-    (n.div_ceil(DENSE_ROWS as usize) as u32, m as u32)
+/// The launch grid: a block per group of `form.rows` rows, one row of blocks a token.
+pub fn grid(form: &Dense, n: usize, m: usize) -> (u32, u32) {
+    (n.div_ceil(form.rows as usize) as u32, m as u32)
 }
 
-/// The CUDA source (None on other targets, or if the type could not be lowered).
+/// The CUDA source of [`DENSE`] (None on other targets, or if the type could not be
+/// lowered).
 pub fn source(target: Target) -> Option<String> {
+    form_source(target, &DENSE)
+}
+
+/// The CUDA source of [`SHORT`].
+pub fn short_source(target: Target) -> Option<String> {
+    form_source(target, &SHORT)
+}
+
+fn form_source(target: Target, form: &Dense) -> Option<String> {
     if !target.is_cuda() {
         return None;
     }
@@ -97,20 +142,24 @@ pub fn source(target: Target) -> Option<String> {
     debug_assert!(reads_in_place(DENSE_TYPE));
     let syn = super::syntax(target)?;
     let lower = Lower { syn: syn.as_ref(), spec, shared_tables: false, wbuf: "ds4_w", reads: Reads::Aligned, run_elem: None, dot: true };
-    let mut src = syn.prelude(NAME, spec);
+    let mut src = syn.prelude(form.name, spec);
     src.push_str(&lower.helpers().ok()?);
     src.push_str(&crate::cuda_hc_expand::helpers());
-    src.push_str(&syn.kernel_open(NAME, &params(), 0, Some(MIN_BLOCKS)));
-    src.push_str(&lower.dense_body().ok()?);
+    src.push_str(&syn.kernel_open(form.name, &params(), 0, Some(form.min_blocks)));
+    src.push_str(&lower.dense_body(form.rows).ok()?);
     src.push_str("}\n");
     Some(src)
+}
+
+/// Shared memory a launch of `form` states (the warps' sums, the expand's staging).
+pub fn shared_bytes(form: &Dense) -> u32 {
+    (THREADS / 32) * form.rows as u32 * 4 + crate::cuda_hc_expand::shared_bytes(form.rows as usize)
 }
 
 impl Lower<'_> {
     /// After `kernel_open`: the block's rows, their runs walked by all its lanes, the
     /// warps' sums added.
-    fn dense_body(&self) -> Result<String, QuantGenError> {
-        let rows = DENSE_ROWS;
+    fn dense_body(&self, rows: u64) -> Result<String, QuantGenError> {
         let mut o = String::new();
         let mut w = |depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
@@ -130,13 +179,13 @@ impl Lower<'_> {
         // The expand's inputs on their way to shared memory while the rows are read.
         w(1, &crate::cuda_hc_expand::stage_call(rows, "g0", "blockIdx.y"));
         // Rows past the last read the last one (a valid address; nothing stores them).
-        for (r, b) in DIRECT_BUFS.iter().enumerate().take(rows as usize).skip(1) {
+        for (r, b) in ROW_PTRS.iter().enumerate().take(rows as usize).skip(1) {
             w(1, &format!("const unsigned char* const {b} = ds4_wd0 + (g0 + {r}u < last ? {r}u : last - g0) * rb;"));
         }
         w(1, &format!("float acc[{rows}] = {{{}}};", vec!["0.0f"; rows as usize].join(", ")));
         w(1, &format!("#pragma unroll {RUN_UNROLL}"));
         let walk = Walk { first: "threadIdx.x", stride: &format!("{THREADS}u"), elems: "k32", bytes_at: "0u", x_at: "" };
-        for (d, l) in self.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "acc".into() }], &DIRECT_BUFS[..rows as usize])? {
+        for (d, l) in self.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "acc".into() }], &ROW_PTRS[..rows as usize])? {
             w(1 + d, &l);
         }
         w(1, &format!("__shared__ float ds4_red[{MATVEC_WARPS}][{rows}];"));
@@ -160,18 +209,27 @@ mod tests {
         assert!(src.contains("*(const unsigned int*)(ds4_wd3 + ds4_ra0 + 4u)"), "{src}");
         assert!(src.contains("u < k32 / 8u; u += 128u"), "{src}");
         assert!(source(Target::Wgsl).is_none());
+        let short = short_source(Target::CudaSm90).unwrap();
+        assert!(short.contains(&format!("__launch_bounds__({THREADS}, {}) {}(", SHORT.min_blocks, SHORT.name)) && short.contains("ds4_wd15") && short.contains("acc[15]"), "{short}");
     }
 
     #[test]
     fn fits_only_dense_launches_of_many_rows() {
-        let q = DENSE_TYPE;
-        assert!(fits(q, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
-        assert!(fits(q, 8192, 4096, 1, 8, 1024, 1, 1, false, false));
-        assert!(!fits(GgmlType::Q8_0, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
-        assert!(!fits(q, 4096, 8192, 1, 1, 4096, 6, 1, true, true), "expert picks");
-        assert!(!fits(q, 512, 4096, 1, 1, 512, 1, 1, false, false), "128 groups: a block per row fills more SMs");
-        assert!(!fits(q, 8190, 4096, 1, 3, 2730, 1, 1, false, false), "groups a block would straddle");
-        assert!(!fits(q, 4096, 100, 1, 1, 4096, 1, 1, false, false), "rows of part runs");
-        assert_eq!(grid(4097, 2), (1025, 2));
+        let (q, d) = (DENSE_TYPE, &DENSE);
+        assert!(fits(d, q, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
+        assert!(fits(d, q, 8192, 4096, 1, 8, 1024, 1, 1, false, false));
+        assert!(!fits(d, GgmlType::Q8_0, 4096, 8192, 1, 1, 4096, 1, 1, false, false));
+        assert!(!fits(d, q, 4096, 8192, 1, 1, 4096, 6, 1, true, true), "expert picks");
+        assert!(!fits(d, q, 512, 4096, 1, 1, 512, 1, 1, false, false), "128 groups: a block per row fills more SMs");
+        assert!(!fits(d, q, 8190, 4096, 1, 3, 2730, 1, 1, false, false), "groups a block would straddle");
+        assert!(!fits(d, q, 4096, 100, 1, 1, 4096, 1, 1, false, false), "rows of part runs");
+        assert_eq!(grid(d, 4097, 2), (1025, 2));
+        // Short rows: attn_q_b's shape, sixteen rows a block.
+        assert_eq!(form(1024, true).name, SHORT.name);
+        assert_eq!(form(1024, false).name, NAME);
+        assert_eq!(form(2048, true).name, NAME);
+        assert!(fits(&SHORT, q, 32768, 1024, 1, 1, 32768, 1, 1, false, false));
+        assert!(!fits(&SHORT, q, 2048, 1024, 1, 1, 2048, 1, 1, false, false), "128 blocks");
+        assert_eq!(grid(&SHORT, 32768, 1), (2048, 1));
     }
 }

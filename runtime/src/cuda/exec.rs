@@ -665,12 +665,14 @@ impl GpuExecutor<'_> {
             self.call(cuda_f16_vec::NAME, (cuda_f16_vec::blocks(n), 1), &named)?;
             return Ok(None);
         }
-        // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs).
-        if cuda_matvec_dense::fits(w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x).is_multiple_of(16) && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(cuda_matvec_dense::NAME) {
-            let expand = self.take_expand(expand.filter(|e| cuda_matvec_dense::expand_fits(groups, e.nh)))?;
+        // Every row of Q8_0_R for each token, in its own kernel (quant/cuda_matvec_dense.rs;
+        // short rows sixteen a block, `DS4_DENSE_SHORT=0` four).
+        let form = cuda_matvec_dense::form(k, !switched_off!("DS4_DENSE_SHORT"));
+        if cuda_matvec_dense::fits(form, w.ty, n, k, m, groups, ng, picks, x_div, sel.is_some(), wts.is_some()) && (w.ptr | w.row_bytes(k) as u64 | x).is_multiple_of(16) && !switched_off!("DS4_MATVEC_DENSE") && self.kernels.by_name.contains_key(form.name) {
+            let expand = self.take_expand(expand.filter(|e| cuda_matvec_dense::expand_fits(form, groups, e.nh)))?;
             let mut named = vec![("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
             named.extend(self.expand_args(expand.as_ref()));
-            self.call(cuda_matvec_dense::NAME, cuda_matvec_dense::grid(n, m), &named)?;
+            self.call(form.name, cuda_matvec_dense::grid(form, n, m), &named)?;
             return Ok(expand.map(expand_value));
         }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
