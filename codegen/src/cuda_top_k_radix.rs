@@ -58,7 +58,7 @@ pub const MAX_SHARED_BYTES: u32 = (MAX_K * 8) as u32;
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k_radix.rs", cuda_top_k::HELPERS, &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{SORTED}"))
+    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k_radix.rs", &format!("{}{SCAN}", cuda_top_k::HELPERS), &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{SORTED}"))
 }
 
 /// `top_k_rows`: the same selection, its picks in row order (ascending indices, -1 after
@@ -70,8 +70,22 @@ pub const ROWS_NAME: &str = "top_k_rows";
 
 /// `top_k_rows`' CUDA source for a CUDA target (`None` for the others).
 pub fn rows_source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, ROWS_NAME, "codegen/src/cuda_top_k_radix.rs", cuda_top_k::HELPERS, &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{IN_ROW_ORDER}"))
+    crate::cuda::text_kernel(target, ROWS_NAME, "codegen/src/cuda_top_k_radix.rs", &format!("{}{SCAN}", cuda_top_k::HELPERS), &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{IN_ROW_ORDER}"))
 }
+
+/// A warp's inclusive running sum of `v` (lane `lane` gets lanes 0..=lane's), both kernels'.
+const SCAN: &str = r#"
+__device__ __forceinline__ unsigned int ds4_warp_scan(unsigned int v, const unsigned int lane) {
+    #pragma unroll
+    for (unsigned int o = 1; o < 32u; o <<= 1) {
+        const unsigned int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) {
+            v += u;
+        }
+    }
+    return v;
+}
+"#;
 
 /// The selection: the prefix of the k-th largest key (both kernels).
 const SELECT: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
@@ -129,14 +143,7 @@ const SELECT: &str = r#"    extern __shared__ unsigned long long ds4_keys[];
                 h[j] = ds4_hist[255u - 8u * lane - j];
                 sum += h[j];
             }
-            unsigned int upto = sum;
-            #pragma unroll
-            for (unsigned int o = 1; o < 32u; o <<= 1) {
-                const unsigned int v = __shfl_up_sync(0xffffffffu, upto, o);
-                if (lane >= o) {
-                    upto += v;
-                }
-            }
+            const unsigned int upto = ds4_warp_scan(sum, lane);
             unsigned int before = upto - sum;
             if (before < need && need <= upto) {
                 #pragma unroll
@@ -203,14 +210,7 @@ const IN_ROW_ORDER: &str = r#"    __shared__ unsigned int ds4_warp_at[32];
         __syncthreads();
         if (threadIdx.x < 32u) {
             const unsigned int c = threadIdx.x < blockDim.x / 32u ? ds4_warp_at[threadIdx.x] : 0u;
-            unsigned int upto = c;
-            #pragma unroll
-            for (unsigned int o = 1; o < 32u; o <<= 1) {
-                const unsigned int v = __shfl_up_sync(0xffffffffu, upto, o);
-                if (lane >= o) {
-                    upto += v;
-                }
-            }
+            const unsigned int upto = ds4_warp_scan(c, lane);
             ds4_warp_at[threadIdx.x] = upto - c;
             if (threadIdx.x == 31u) {
                 ds4_taken = upto;
