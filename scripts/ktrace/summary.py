@@ -3,7 +3,7 @@ phase's second half (steady steps): how busy the GPU was, the time per kernel na
 kernel's time from its predecessor's end on its stream (what it adds to its lane), the
 layers' spans (from one attention-side `hc_pre` to the next), and one CSA layer in order.
 
-    python3 scripts/ktrace/summary.py TRACE.txt[.gz] [--layer]
+    python3 scripts/ktrace/summary.py TRACE.txt[.gz] [--layer [CSA|other]]
 """
 import collections, gzip, sys
 
@@ -55,8 +55,10 @@ def main():
     for kind, v in sorted(kinds.items()):
         d = sorted(x[0] for x in v)
         print(f"{kind} layers: {len(v)}, median {d[len(d) // 2] / 1e3:.1f} us")
-    if "--layer" in sys.argv and kinds.get("CSA"):
-        _, a, b = sorted(kinds["CSA"])[len(kinds["CSA"]) // 2]
+    # --layer [CSA|other]: the median layer of that kind, kernel by kernel.
+    want = sys.argv[sys.argv.index("--layer") + 1] if "--layer" in sys.argv[:-1] else "CSA"
+    if "--layer" in sys.argv and kinds.get(want):
+        _, a, b = sorted(kinds[want])[len(kinds[want]) // 2]
         t0 = dec[a][0]
         for s, e, st, n in dec[a:b]:
             print(f"  {n[:34]:34s} {'main' if st == main_stream else 'side'} {(s - t0) / 1e3:8.2f} {(e - t0) / 1e3:8.2f} {(e - s) / 1e3:7.2f}")
