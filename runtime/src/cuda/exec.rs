@@ -104,6 +104,31 @@ enum GVal {
     Freed,
 }
 
+/// A mat-vec launch's operands and shape (`ds4_codegen::quant`): `n` rows of `k` of `w`
+/// against x at `x` for `m` output rows; the picked experts `sel` (each of `picks` rows of
+/// a token weighted by `wts` and summed, x row `r / x_div`), row groups of `ng` rows
+/// reading their own x (`groups`).
+struct MatVec<'w> {
+    w: &'w DeviceTensor,
+    x: u64,
+    sel: Option<u64>,
+    wts: Option<u64>,
+    n: usize,
+    k: usize,
+    m: usize,
+    picks: usize,
+    x_div: usize,
+    groups: usize,
+    ng: usize,
+}
+
+impl<'w> MatVec<'w> {
+    /// Every row of `w` (n of k) for each of `m` x rows: no picks, one row group.
+    fn rows(w: &'w DeviceTensor, x: u64, n: usize, k: usize, m: usize) -> MatVec<'w> {
+        MatVec { w, x, sel: None, wts: None, n, k, m, picks: 1, x_div: 1, groups: 1, ng: n }
+    }
+}
+
 pub struct GpuExecutor<'a> {
     pub dev: &'a Arc<Device>,
     pub kernels: &'a Kernels,
@@ -653,11 +678,15 @@ impl GpuExecutor<'_> {
         by_work.min((2 * self.dev.sms).div_ceil(items)).max(1)
     }
 
-    /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): a mat-vec over weight rows.
-    /// `expand`: the `hc_expand` of out, made by the same launch where its kernel can
-    /// (the dense one): its value if it was.
-    #[allow(clippy::too_many_arguments)]
-    fn matvec(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, sel: Option<u64>, wts: Option<u64>, n: usize, k: usize, m: usize, picks: usize, x_div: usize, groups: usize, ng: usize, expand: Option<&ExpandTo>) -> Result<Option<(usize, GVal)>, ExecError> {
+    /// `out[t·n + r] = Σ picks …` (see `ds4_codegen::quant`): the mat-vec `mv`.
+    fn matvec(&self, out: &DeviceBuf, mv: &MatVec) -> Result<(), ExecError> {
+        self.matvec_expand(out, mv, None).map(|_| ())
+    }
+
+    /// [`GpuExecutor::matvec`], and `expand`, the `hc_expand` of out, made by the same
+    /// launch where its kernel can (the dense one): its value if it was.
+    fn matvec_expand(&self, out: &DeviceBuf, mv: &MatVec, expand: Option<&ExpandTo>) -> Result<Option<(usize, GVal)>, ExecError> {
+        let &MatVec { w, x, sel, wts, n, k, m, picks, x_div, groups, ng } = mv;
         let u = |v: usize| Arg::U64(v as u64);
         // A token's F16 rows in 16-byte loads (cuda_f16_vec.rs).
         if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
@@ -950,7 +979,7 @@ impl GpuExecutor<'_> {
                         let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
                         // A lone mat-vec may make the expand of its output (`attn_output_b`).
                         let expand = if group.len() == 1 { self.expand_to(id, &vals, n)? } else { None };
-                        made.extend(self.matvec(&out, &flat, x, None, None, total, k, 1, 1, 1, 1, total, expand.as_ref())?);
+                        made.extend(self.matvec_expand(&out, &MatVec::rows(&flat, x, total, k, 1), expand.as_ref())?);
                         let mut off = n;
                         for &(other, rows) in &group[1..] {
                             made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
@@ -966,7 +995,7 @@ impl GpuExecutor<'_> {
                     if m > 1 {
                         self.matmul(&out, w(1)?, x, n, kg, m, *groups, n / groups)?;
                     } else {
-                        self.matvec(&out, w(1)?, x, None, None, n, kg, m, 1, 1, *groups, n / groups, None)?;
+                        self.matvec(&out, &MatVec { groups: *groups, ng: n / groups, ..MatVec::rows(w(1)?, x, n, kg, m) })?;
                     }
                     GVal::F(DevSlice::whole(out, n_out))
                 }
@@ -1003,8 +1032,9 @@ impl GpuExecutor<'_> {
                         }
                         None if t == 1 && self.digits_experts(&gb, &ub, gate, up, a, sel, ff, d, k)? => {}
                         None => {
-                            self.matvec(&gb, gate, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff, None)?;
-                            self.matvec(&ub, up, a, Some(sel), None, ff, d, t * k, 1, k, 1, ff, None)?;
+                            // Row t·k + j: token t's pick j, its x row t.
+                            self.matvec(&gb, &MatVec { sel: Some(sel), x_div: k, ..MatVec::rows(gate, a, ff, d, t * k) })?;
+                            self.matvec(&ub, &MatVec { sel: Some(sel), x_div: k, ..MatVec::rows(up, a, ff, d, t * k) })?;
                         }
                     }
                     // Digits the routing made for x and nothing took stay behind no layer.
@@ -1039,7 +1069,8 @@ impl GpuExecutor<'_> {
                             }
                             None => {
                                 let out = self.dev.alloc(n_out * 4)?;
-                                self.matvec(&out, down, h.ptr(), Some(sel), Some(wts), d, ff, t, k, 1, 1, d, None)?;
+                                // Token t's k picks summed with their weights.
+                                self.matvec(&out, &MatVec { sel: Some(sel), wts: Some(wts), picks: k, ..MatVec::rows(down, h.ptr(), d, ff, t) })?;
                                 GVal::F(DevSlice::whole(out, n_out))
                             }
                         }
