@@ -169,9 +169,10 @@ fn whole(ty: GgmlType, n: usize, k: usize) -> bool {
 /// is then never made (the same floats as `swiglu` then `x_digits`).
 pub fn x_digits_source(target: Target) -> Option<String> {
     Some(format!(
-        "// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).\n{}{}    ds4_x_digits_block(blockIdx.x, ds4_xd, ds4_xs, ds4_xsum, ds4_x, ds4_u, k, clamp, swiglu);\n}}\n",
+        "// {X_DIGITS}: x as {DIGITS} int8 digit planes and a scale per {X_BLOCK} values (codegen/src/cuda_digits.rs).\n{}{}    ds4_x_digits_block(blockIdx.x, {});\n}}\n",
         x_digits_block(target)?,
-        crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params())
+        crate::cuda::own_entry(X_DIGITS, &X_THREADS.to_string(), &x_digits_params()),
+        crate::quant::cuda::c_args(&x_digits_params())
     ))
 }
 

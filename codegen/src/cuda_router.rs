@@ -68,9 +68,10 @@ pub const MAX_SHARED_BYTES: u32 = cuda_top_k::MAX_SHARED_BYTES + (4 * cuda_top_k
 /// The CUDA source. Launch: grid (tokens), [`threads`]`(n)` threads, [`shared_bytes`]`(n)`.
 pub fn source() -> String {
     format!(
-        "// {NAME}: a token's router scores, selection, top k and weights in one launch (codegen/src/cuda_router.rs).\n{}{}    ds4_router_block(blockIdx.x, ds4_sel, ds4_wts, ds4_logits, ds4_bias, n, k, scale, normalize);\n}}\n",
+        "// {NAME}: a token's router scores, selection, top k and weights in one launch (codegen/src/cuda_router.rs).\n{}{}    ds4_router_block(blockIdx.x, {});\n}}\n",
         router_block(),
-        crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params())
+        crate::cuda::own_entry(NAME, &cuda_top_k::MAX_THREADS.to_string(), &params()),
+        crate::quant::cuda::c_args(&params())
     )
 }
 
@@ -84,10 +85,13 @@ pub fn source() -> String {
 /// [`threads`]), [`threads`]`(n)` threads, [`shared_bytes`]`(n)`. None off CUDA.
 pub fn with_digits_source(target: Target) -> Option<String> {
     Some(format!(
-        "// {WITH_DIGITS}: {NAME} and x_digits in one launch (codegen/src/cuda_router.rs).\n{}{}{}    if (blockIdx.x < tokens) {{\n        ds4_router_block(blockIdx.x, ds4_sel, ds4_wts, ds4_logits, ds4_bias, n, k, scale, normalize);\n    }} else {{\n        ds4_x_digits_block(blockIdx.x - tokens, ds4_xd, ds4_xs, ds4_xsum, ds4_x, ds4_x, xk, 0.0f, 0ull);\n    }}\n}}\n",
+        // The digits' blocks pass x_digits' parameters by hand: x as both x and u (no
+        // SwiGLU), its length `xk`.
+        "// {WITH_DIGITS}: {NAME} and x_digits in one launch (codegen/src/cuda_router.rs).\n{}{}{}    if (blockIdx.x < tokens) {{\n        ds4_router_block(blockIdx.x, {});\n    }} else {{\n        ds4_x_digits_block(blockIdx.x - tokens, ds4_xd, ds4_xs, ds4_xsum, ds4_x, ds4_x, xk, 0.0f, 0ull);\n    }}\n}}\n",
         router_block(),
         cuda_digits::x_digits_block(target)?,
-        crate::cuda::own_entry(WITH_DIGITS, &cuda_top_k::MAX_THREADS.to_string(), &with_digits_params())
+        crate::cuda::own_entry(WITH_DIGITS, &cuda_top_k::MAX_THREADS.to_string(), &with_digits_params()),
+        crate::quant::cuda::c_args(&params())
     ))
 }
 

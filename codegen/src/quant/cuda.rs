@@ -225,6 +225,19 @@ pub(crate) fn c_params(params: &[QParam]) -> String {
     ps.join(", ")
 }
 
+/// The arguments that pass a kernel's own parameters (`c_params`) on to a device function
+/// taking the same list: `ds4_<name>` for buffers, the names of the rest.
+pub(crate) fn c_args(params: &[QParam]) -> String {
+    let args: Vec<String> = params
+        .iter()
+        .map(|p| match p {
+            QParam::Buffer { name, .. } => format!("ds4_{name}"),
+            QParam::Scalar { name } | QParam::Float { name } => name.to_string(),
+        })
+        .collect();
+    args.join(", ")
+}
+
 /// Also `cuda_hc_pre`'s (its F16 projection feeds a dot product).
 pub(crate) const F16_TO_F32_DOT: &str = "__device__ __forceinline__ float ds4_f16_to_f32_dot(const unsigned int h) {
     float f;
