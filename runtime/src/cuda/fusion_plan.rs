@@ -36,6 +36,7 @@ pub struct FusionPlan {
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
+    /// Top-k nodes whose picks may come in row order (`rows_top_k`).
     rows_top_k: std::collections::HashSet<usize>,
     /// The order a step runs the nodes in, with its selections (`run_order`) and where
     /// it skips them (`crate::all_rows`: the graph's order).
