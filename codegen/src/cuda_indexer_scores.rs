@@ -37,7 +37,7 @@ const Q_LOADS: usize = 8;
 pub const MAX_HEADS: usize = 256;
 /// The most threads a launch has.
 pub const MAX_THREADS: u32 = 4 * MAX_HEADS as u32;
-/// The longest query head (its dimension-major copy in shared memory).
+/// The longest query head (its copy in shared memory, a padded row a head).
 pub const MAX_DK: usize = 256;
 /// The most tokens a launch takes (grid y).
 pub const MAX_TOKENS: usize = 4;
@@ -86,8 +86,8 @@ pub fn shared_bytes(heads: usize, dk: usize) -> u32 {
 /// The most dynamic shared memory a launch may ask for (what an sm_120 block can have).
 pub const MAX_SHARED_BYTES: u32 = 96 * 1024;
 
-/// Rows a tile (the launch's `tile_rows`: 4, 8, 16 or 32) for `n_rows` rows on `sms` SMs: the fewest (4, 8, 16 or 32) whose tiles
-/// are no more than two blocks an SM.
+/// Rows a tile (the launch's `tile_rows`) for `n_rows` rows on `sms` SMs: the fewest of 4,
+/// 8, 16 and 32 whose tiles are no more than two blocks an SM.
 pub fn tile_rows(n_rows: usize, sms: usize) -> usize {
     let mut t = MIN_TILE_ROWS;
     while t < TILE_ROWS && n_rows.div_ceil(t) > 2 * sms.max(1) {

@@ -58,7 +58,7 @@ pub const MAX_SHARED_BYTES: u32 = (MAX_K * 8) as u32;
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_top_k_radix.rs", &format!("{}{SCAN}", cuda_top_k::HELPERS), &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{SORTED}"))
+    selection_source(target, NAME, SORTED)
 }
 
 /// `top_k_rows`: the same selection, its picks in row order (ascending indices, -1 after
@@ -70,7 +70,13 @@ pub const ROWS_NAME: &str = "top_k_rows";
 
 /// `top_k_rows`' CUDA source for a CUDA target (`None` for the others).
 pub fn rows_source(target: Target) -> Option<String> {
-    crate::cuda::text_kernel(target, ROWS_NAME, "codegen/src/cuda_top_k_radix.rs", &format!("{}{SCAN}", cuda_top_k::HELPERS), &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{IN_ROW_ORDER}"))
+    selection_source(target, ROWS_NAME, IN_ROW_ORDER)
+}
+
+/// A kernel `name` of the top k's contract: the radix selection, then `end` (what it
+/// does with the picks).
+fn selection_source(target: Target, name: &str, end: &str) -> Option<String> {
+    crate::cuda::text_kernel(target, name, "codegen/src/cuda_top_k_radix.rs", &format!("{}{SCAN}", cuda_top_k::HELPERS), &THREADS.to_string(), &cuda_top_k::contract(), &format!("{SELECT}{end}"))
 }
 
 /// A warp's inclusive running sum of `v` (lane `lane` gets lanes 0..=lane's), both kernels'.

@@ -154,8 +154,9 @@ impl KernelSet {
                     }
                     // A decode token's mat-vecs over every row of Q8_0_R (quant/cuda_matvec_dense.rs).
                     if matches!(node.op, Op::MatMul | Op::GroupedMatMul { .. }) && t == quant::cuda_matvec_dense::DENSE_TYPE && target.is_cuda() {
-                        set.cuda.entry(quant::cuda_matvec_dense::NAME).or_default().insert(node.op.name());
-                        set.cuda.entry(quant::cuda_matvec_dense::SHORT.name).or_default().insert(node.op.name());
+                        for form in quant::cuda_matvec_dense::FORMS {
+                            set.cuda.entry(form.name).or_default().insert(node.op.name());
+                        }
                     }
                 }
             }

@@ -48,6 +48,19 @@ fn cuda_only(target: Target, source: fn() -> String) -> Option<String> {
     target.is_cuda().then(source)
 }
 
+/// A form of `matvec_dense_q8_0_r` (`cuda_matvec_dense::FORMS`) for rows of `k` values.
+fn dense_kernel(form: &cuda_matvec_dense::Dense, source: fn(Target) -> Option<String>, k: String) -> TextKernel {
+    TextKernel {
+        name: form.name,
+        params: TextParams::Own(cuda_matvec_dense::params()),
+        threads: cuda_matvec_dense::THREADS,
+        dyn_shared: 0,
+        launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1], \"k\": \"{k}\"", form.rows, cuda_matvec_dense::THREADS),
+        manifest_shared: cuda_matvec_dense::shared_bytes(form),
+        source,
+    }
+}
+
 /// Every CUDA-text kernel, in the manifest's order.
 pub fn all() -> Vec<TextKernel> {
     vec![
@@ -204,24 +217,8 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: 0,
             source: |t| cuda_only(t, cuda_f16_vec::source),
         },
-        TextKernel {
-            name: cuda_matvec_dense::NAME,
-            params: TextParams::Own(cuda_matvec_dense::params()),
-            threads: cuda_matvec_dense::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1], \"k\": \"> {}\"", cuda_matvec_dense::DENSE.rows, cuda_matvec_dense::THREADS, cuda_matvec_dense::SHORT_MAX_K),
-            manifest_shared: cuda_matvec_dense::shared_bytes(&cuda_matvec_dense::DENSE),
-            source: cuda_matvec_dense::source,
-        },
-        TextKernel {
-            name: cuda_matvec_dense::SHORT.name,
-            params: TextParams::Own(cuda_matvec_dense::params()),
-            threads: cuda_matvec_dense::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(n / {}), m, 1]\", \"block\": [{}, 1, 1], \"k\": \"<= {}\"", cuda_matvec_dense::SHORT.rows, cuda_matvec_dense::THREADS, cuda_matvec_dense::SHORT_MAX_K),
-            manifest_shared: cuda_matvec_dense::shared_bytes(&cuda_matvec_dense::SHORT),
-            source: cuda_matvec_dense::short_source,
-        },
+        dense_kernel(&cuda_matvec_dense::DENSE, cuda_matvec_dense::source, format!("> {}", cuda_matvec_dense::SHORT_MAX_K)),
+        dense_kernel(&cuda_matvec_dense::SHORT, cuda_matvec_dense::short_source, format!("<= {}", cuda_matvec_dense::SHORT_MAX_K)),
         TextKernel {
             name: cuda_norm_rope::NAME,
             params: TextParams::Own(cuda_norm_rope::params()),

@@ -41,9 +41,7 @@ impl AllRows {
     /// Whether attention `attn` sees every row it may in run `bind`: its selection would
     /// pick all of them (no more than k visible to the run's last token).
     pub fn every_row(&self, attn: NodeId, bind: Bind) -> bool {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off = *OFF.get_or_init(|| std::env::var("DS4_ALL_ROWS").as_deref() == Ok("0"));
-        !off && self.attentions.get(&attn.index()).is_some_and(|&(ratio, k, _)| ratio > 0 && bind.tokens > 0 && (bind.pos0 + bind.tokens) / ratio <= k)
+        !switched_off!("DS4_ALL_ROWS") && self.attentions.get(&attn.index()).is_some_and(|&(ratio, k, _)| ratio > 0 && bind.tokens > 0 && (bind.pos0 + bind.tokens) / ratio <= k)
     }
 
     /// The nodes run `bind` skips: those only the selections of its every-row attentions

@@ -376,11 +376,11 @@ impl Lower<'_> {
             ] {
                 w(depth + 1, &l);
             }
-            for (r, b) in DIRECT_BUFS.iter().enumerate().take(n_rows as usize) {
+            for (r, b) in ROW_PTRS.iter().enumerate().take(n_rows as usize) {
                 w(depth + 1, &format!("const unsigned char* const {b} = ds4_w + (ex * n + ({row} + {r}ull < n ? {row} + {r}ull : n - 1ull)) * row_bytes;"));
             }
             let walk = Walk { first, stride, elems: "k", bytes_at: "0u", x_at: "" };
-            self.pick_dot(w, depth + 1, Reads::Aligned, &walk, &DIRECT_BUFS[..n_rows as usize], acc)?;
+            self.pick_dot(w, depth + 1, Reads::Aligned, &walk, &ROW_PTRS[..n_rows as usize], acc)?;
             w(depth, "}");
             Ok(())
         };
@@ -499,8 +499,12 @@ pub fn reads_in_place(ty: GgmlType) -> bool {
     ty.is_device_layout()
 }
 
-/// Names of the rows read in place on the direct path.
-pub(super) const DIRECT_BUFS: [&str; MAX_ROWS_PER_WARP as usize] = ["ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3"];
+/// Names of the rows read in place: the direct path's (up to [`MAX_ROWS_PER_WARP`]) and the
+/// dense kernel's (up to its short form's sixteen).
+pub(super) const ROW_PTRS: [&str; 16] = [
+    "ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3", "ds4_wd4", "ds4_wd5", "ds4_wd6", "ds4_wd7", "ds4_wd8", "ds4_wd9", "ds4_wd10", "ds4_wd11", "ds4_wd12", "ds4_wd13", "ds4_wd14", "ds4_wd15",
+];
+const _: () = assert!(MAX_ROWS_PER_WARP as usize <= ROW_PTRS.len());
 
 #[cfg(test)]
 mod tests {

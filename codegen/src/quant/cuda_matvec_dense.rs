@@ -25,7 +25,7 @@
 //! generated kernel's, added in the same order within a lane (`cuda_kernels` holds it to
 //! the mat-vec bound).
 
-use super::cuda_matvec::{reads_in_place, warps_sum, warps_total, BLOCK_GROUPS_FROM, MATVEC_WARPS, RUN_UNROLL};
+use super::cuda_matvec::{reads_in_place, warps_sum, warps_total, BLOCK_GROUPS_FROM, MATVEC_WARPS, ROW_PTRS, RUN_UNROLL};
 use super::runs::{Token, Walk};
 use super::{BufElem, Lower, QParam, QuantGenError, Reads};
 use crate::Target;
@@ -75,10 +75,9 @@ pub fn form(k: usize, short: bool) -> &'static Dense {
     }
 }
 
-/// Names of the rows' pointers (a block's rows, up to [`SHORT`]'s).
-const ROW_PTRS: [&str; 16] = [
-    "ds4_wd0", "ds4_wd1", "ds4_wd2", "ds4_wd3", "ds4_wd4", "ds4_wd5", "ds4_wd6", "ds4_wd7", "ds4_wd8", "ds4_wd9", "ds4_wd10", "ds4_wd11", "ds4_wd12", "ds4_wd13", "ds4_wd14", "ds4_wd15",
-];
+/// Both forms, for the tables that list every kernel.
+pub const FORMS: [&Dense; 2] = [&DENSE, &SHORT];
+const _: () = assert!(SHORT.rows as usize <= ROW_PTRS.len());
 
 /// Parameters in launch order: out (m · n floats), the weights (n rows of `row_bytes`),
 /// x (token t's row group g at (t · groups + g) · k), rows, row length, bytes a row,
@@ -134,6 +133,8 @@ pub fn short_source(target: Target) -> Option<String> {
     form_source(target, &SHORT)
 }
 
+/// A form's source (a `TextKernel`'s `source` is a function of the target alone: the two
+/// above name the forms).
 fn form_source(target: Target, form: &Dense) -> Option<String> {
     if !target.is_cuda() {
         return None;

@@ -1177,13 +1177,15 @@ impl GpuExecutor<'_> {
                     // An attention's selection read by it alone: the radix selection's picks in
                     // row order, unsorted (`FusionPlan::rows_top_k`; `DS4_TOP_K_ROWS=0` sorts).
                     let rows = self.plan.rows_top_k(id) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_ROWS") && self.kernels.by_name.contains_key(cuda_top_k_radix::ROWS_NAME);
-                    let radix = rows || ((n > cuda_top_k_radix::FROM_N || !cuda_top_k::fits(n)) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_RADIX"));
-                    let block = match (rows, radix) {
-                        (true, _) => (cuda_top_k_radix::ROWS_NAME, cuda_top_k_radix::THREADS, 0),
-                        (false, true) => (cuda_top_k_radix::NAME, cuda_top_k_radix::THREADS, cuda_top_k_radix::shared_bytes(n, *k)),
-                        (false, false) => (cuda_top_k::NAME, cuda_top_k::threads(n), cuda_top_k::shared_bytes(n)),
+                    let radix = (n > cuda_top_k_radix::FROM_N || !cuda_top_k::fits(n)) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_RADIX");
+                    let block = if rows {
+                        (cuda_top_k_radix::ROWS_NAME, cuda_top_k_radix::THREADS, 0)
+                    } else if radix {
+                        (cuda_top_k_radix::NAME, cuda_top_k_radix::THREADS, cuda_top_k_radix::shared_bytes(n, *k))
+                    } else {
+                        (cuda_top_k::NAME, cuda_top_k::threads(n), cuda_top_k::shared_bytes(n))
                     };
-                    match self.kernels.by_name.get(block.0).filter(|_| (radix || cuda_top_k::fits(n)) && n_out > 0) {
+                    match self.kernels.by_name.get(block.0).filter(|_| (rows || radix || cuda_top_k::fits(n)) && n_out > 0) {
                         Some(kl) => {
                             let out = self.dev.alloc(n_out * 4)?;
                             let mut all = vec![("out", Arg::Ptr(out.ptr))];

@@ -49,7 +49,13 @@ pub const CHUNK_STEPS: usize = 128;
 
 fn chunk_steps() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("DS4_GRAPH_CHUNK").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(CHUNK_STEPS))
+    *N.get_or_init(|| steps_from_env("DS4_GRAPH_CHUNK", CHUNK_STEPS))
+}
+
+/// A chunk length set by environment variable `var` (at least `MIN_GRAPH_STEPS`), else
+/// `default`.
+fn steps_from_env(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(default)
 }
 
 /// The first chunk after the host drained the queue (a decode step's start: the ids
@@ -60,7 +66,7 @@ pub const FIRST_CHUNK_STEPS: usize = 16;
 
 fn first_chunk_steps() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("DS4_GRAPH_FIRST").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= MIN_GRAPH_STEPS).unwrap_or(FIRST_CHUNK_STEPS))
+    *N.get_or_init(|| steps_from_env("DS4_GRAPH_FIRST", FIRST_CHUNK_STEPS))
 }
 
 /// How consecutive kernels of a graph are linked (`DS4_PDL`): by a programmatic edge, so

@@ -21,15 +21,6 @@
 //!
 //! See docs/cuda-backend.md for why this is our own CUDA printer and not cubecl.
 
-/// Whether the measuring switch `$var` (an environment variable; every switch is on by
-/// default) is set to `0`, read once.
-macro_rules! switched_off {
-    ($var:literal) => {{
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OFF.get_or_init(|| std::env::var($var).as_deref() == Ok("0"))
-    }};
-}
-
 mod backend_choice;
 mod compile;
 mod device;
