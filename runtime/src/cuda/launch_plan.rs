@@ -3,7 +3,8 @@
 //! A decode step is ~1,900 small launches with no host round trip between them; launched
 //! one by one, each costs the host several microseconds and leaves the GPU a gap. While a
 //! [`LaunchPlan`] records, `launch` and the device-to-device copies are queued here
-//! instead of being submitted; every [`CHUNK_STEPS`] of them, and at the next host
+//! instead of being submitted; every `chunk_len` of them (16 after the host's last
+//! interaction, doubling up to [`CHUNK_STEPS`]), and at the next host
 //! interaction (a read, a write, a synchronize, a free to the driver), the queue goes to
 //! the GPU as one graph launch: the GPU runs a chunk while the host records the next.
 //!
@@ -67,6 +68,23 @@ pub const FIRST_CHUNK_STEPS: usize = 16;
 fn first_chunk_steps() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| steps_from_env("DS4_GRAPH_FIRST", FIRST_CHUNK_STEPS))
+}
+
+/// The length of chunk `k` after the host drained the queue: `FIRST_CHUNK_STEPS`, then
+/// twice the one before, up to `CHUNK_STEPS`. The GPU runs a chunk while the host records
+/// the next, and the host records a launch in ~3 µs where the GPU runs it in ~7 (H200,
+/// `DS4_PROFILE=host`): a chunk twice as long as the one running is recorded before the
+/// GPU runs dry, where a 128-launch chunk after 16 left it idle ~250 µs a decode step.
+/// `DS4_GRAPH_RAMP=0`: the first chunk, then `CHUNK_STEPS` (for measuring).
+fn chunk_len(k: usize) -> usize {
+    let (first, most) = (first_chunk_steps(), chunk_steps());
+    if k == 0 {
+        first
+    } else if switched_off!("DS4_GRAPH_RAMP") {
+        most
+    } else {
+        (first << k.min(16)).min(most)
+    }
 }
 
 /// How consecutive kernels of a graph are linked (`DS4_PDL`): by a programmatic edge, so
@@ -319,10 +337,10 @@ impl LaunchPlan {
         true
     }
 
-    /// Whether the queue is long enough to submit now (`FIRST_CHUNK_STEPS` after the host
-    /// drained it, then `CHUNK_STEPS`).
+    /// Whether the queue is long enough to submit now: [`chunk_len`] of the chunks sent
+    /// since the host drained it.
     fn full(&self) -> bool {
-        self.queue.len() >= if self.chunks == 0 { first_chunk_steps() } else { chunk_steps() }
+        self.queue.len() >= chunk_len(self.chunks)
     }
 
     /// Submits the queue for the host (before it touches device memory, or as a run
@@ -665,15 +683,21 @@ mod tests {
         assert!(!p.full(), "one short of a first chunk");
         p.queue.push(kernel(4));
         assert!(p.full());
-        // Past the first chunk, whole ones.
-        p.chunks = 1;
-        assert!(!p.full() || first_chunk_steps() >= chunk_steps());
-        while p.queue.len() + 1 < chunk_steps() {
-            p.queue.push(kernel(3));
+        // Past the first chunk, each twice the one before, up to whole ones.
+        for k in 1..8 {
+            p.chunks = k;
+            p.queue.clear();
+            let len = chunk_len(k);
+            assert!(len >= chunk_len(k - 1).min(chunk_steps()) && len <= chunk_steps());
+            while p.queue.len() + 1 < len {
+                p.queue.push(kernel(3));
+            }
+            assert!(!p.full(), "one short of chunk {k}");
+            p.queue.push(kernel(4));
+            assert!(p.full());
         }
-        assert!(!p.full(), "one short of a chunk");
-        p.queue.push(kernel(4));
-        assert!(p.full());
+        assert_eq!(chunk_len(1), (2 * first_chunk_steps()).min(chunk_steps()));
+        assert_eq!((chunk_len(7), chunk_len(usize::MAX)), (chunk_steps(), chunk_steps()));
     }
 
     /// The side branch: only a run recording alone opens one; its first step forks, the
