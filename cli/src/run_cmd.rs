@@ -71,20 +71,30 @@ pub fn run(a: RunArgs) -> Result<()> {
     let t1 = std::time::Instant::now();
     let stdout = std::io::stdout();
     let mut stream = tok.as_ref().map(|_| StreamDecoder::new());
-    for i in 0..a.n {
-        out.push(next);
-        if !a.ids {
-            match (&tok, &mut stream) {
-                (Some(t), Some(sd)) => print!("{}", sd.push(t, next)),
-                _ => print!("{next}{}", if i + 1 < a.n { " " } else { "" }),
+    {
+        let mut emit = |t: u32| {
+            out.push(t);
+            if !a.ids {
+                match (&tok, &mut stream) {
+                    (Some(tk), Some(sd)) => print!("{}", sd.push(tk, t)),
+                    _ => print!("{}{t}", if out.len() > 1 { " " } else { "" }),
+                }
+                stdout.lock().flush().ok();
             }
-            stdout.lock().flush().ok();
+        };
+        if a.n > 0 {
+            emit(next);
+            if a.temp <= 0.0 {
+                // Greedy: on CUDA the picks stay on the device, the host a step ahead.
+                s.decode_greedy(next, a.n - 1, &mut emit)?;
+            } else {
+                for _ in 1..a.n {
+                    let l = s.feed(&[next])?;
+                    next = sampler.sample(&l) as u32;
+                    emit(next);
+                }
+            }
         }
-        if i + 1 == a.n {
-            break;
-        }
-        let l = s.feed(&[next])?;
-        next = sampler.sample(&l) as u32;
     }
     if !a.ids {
         if let Some(sd) = &mut stream {

@@ -16,6 +16,7 @@ pub mod cuda_hc_pre;
 pub mod cuda_indexer_scores;
 pub mod cuda_norm_rope;
 pub mod cuda_router;
+pub mod cuda_argmax;
 pub mod cuda_copy;
 pub mod cuda_top_k;
 pub mod cuda_top_k_radix;

@@ -12,7 +12,7 @@
 
 use crate::quant::{self, QParam, QuantKernelKind};
 use crate::text_kernels::{self, TextParams};
-use crate::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
+use crate::{cuda_argmax, cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, render, Target};
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::{DType, Dim, GgmlType, Graph, Op};
 use std::collections::{BTreeMap, BTreeSet};
@@ -160,6 +160,10 @@ impl KernelSet {
                     }
                 }
             }
+        }
+        // A greedy decode's pick of the logits, on the device (cuda_argmax.rs).
+        if graph.outputs.iter().any(|(name, _)| name == "logits") {
+            set.cuda.entry(cuda_argmax::NAME).or_default().insert("logits");
         }
         set
     }

@@ -7,10 +7,10 @@
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
 //! (`hc_pre`, `router_select` (and with x's digits), the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
 //! `matvec_dense_q8_0_r` (generated from its quant declaration, CUDA's only),
-//! `attention_merge_rope`, `split_x_bf16x3`, `copy_spans`).
+//! `attention_merge_rope`, `split_x_bf16x3`, `copy_spans`, `argmax_rows`).
 
 use crate::quant::{cuda_matvec_dense, cuda_split, QParam};
-use crate::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
+use crate::{cuda_argmax, cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, Target};
 use ds4_ir::kir::Kernel;
 
 /// A CUDA-text kernel's parameters.
@@ -171,6 +171,15 @@ pub fn all() -> Vec<TextKernel> {
             launch: format!("\"grid\": \"[tokens + x_digits' blocks, 1, 1]\", \"block\": \"[clamp(pow2(n) / 2, 32, {}), 1, 1]\", \"max_k\": {}", cuda_top_k::MAX_THREADS, cuda_router::MAX_K),
             manifest_shared: cuda_router::MAX_SHARED_BYTES,
             source: cuda_router::with_digits_source,
+        },
+        TextKernel {
+            name: cuda_argmax::NAME,
+            params: TextParams::Own(cuda_argmax::params()),
+            threads: cuda_argmax::THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[rows, 1, 1]\", \"block\": [{}, 1, 1]", cuda_argmax::THREADS),
+            manifest_shared: 0,
+            source: |t| cuda_only(t, cuda_argmax::source),
         },
         TextKernel {
             name: cuda_copy::NAME,

@@ -22,12 +22,13 @@ pub struct Sampler {
     state: u64,
 }
 
-/// The arg-max, lowest index on ties.
+/// The arg-max, lowest index on ties; NaNs are never picked, and 0 is where nothing beats
+/// −∞ (the device's pick, `ds4_codegen::cuda_argmax`, is the same).
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
+    let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
     for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+        if v > best_v {
+            (best, best_v) = (i, v);
         }
     }
     best
@@ -89,6 +90,16 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_skips_nans_and_keeps_the_lowest_index() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        assert_eq!(argmax(&[nan, 1.0, 3.0, 3.0]), 2);
+        assert_eq!(argmax(&[1.0, nan, 0.5]), 0);
+        assert_eq!(argmax(&[-inf, -inf, nan]), 0, "nothing beats -inf");
+        assert_eq!(argmax(&[-1.0, inf, inf]), 1);
+        assert_eq!(argmax(&[]), 0);
+    }
     #[test]
     fn greedy_and_seeded() {
         let l = [0.1, 2.0, 2.0, -1.0];

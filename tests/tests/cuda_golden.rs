@@ -42,6 +42,13 @@ fn run_prompt_cuda<'m>(b: &Arc<CudaBackend<'m>>, tokens: &[u32], ref_greedy: &[u
         let l = s.feed(&[*greedy.last().unwrap()]).unwrap();
         greedy.push(last(&l));
     }
+    // The same picks made on the device, the host a step ahead (`decode_greedy`).
+    let mut d = CudaSession::new(b.clone(), opts.clone());
+    d.feed(tokens).unwrap();
+    let mut seen = Vec::new();
+    let piped = d.decode_greedy(greedy[0], greedy.len() - 1, |t| seen.push(t)).unwrap();
+    assert_eq!(piped, greedy[1..], "decode_greedy picks other tokens than feed and argmax");
+    assert_eq!(seen, piped);
     let mut t = CudaSession::new(b.clone(), opts);
     t.feed(tokens).unwrap();
     let mut step_logits = Vec::new();
@@ -252,6 +259,41 @@ fn decode_steps_as_cuda_graphs_match_direct_launches() {
     assert_eq!(direct.len(), graphed.len());
     let differ = direct.iter().zip(&graphed).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     assert_eq!(differ, 0, "{differ} logits differ between graph and direct decode");
+}
+
+/// Greedy decoding with the picks on the device (`decode_greedy`) gives the tokens of
+/// `feed` and `argmax` a step at a time, with the decode graphs and without, and leaves the
+/// session where feeding them would (the next logits the same bits); a first token outside
+/// the vocabulary is an error, not a launch.
+#[test]
+fn greedy_decode_on_the_device_matches_feed_and_argmax() {
+    if skip() {
+        return;
+    }
+    let model = load("tiny-q2");
+    let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
+    let vocab = model.hp.vocab as u32;
+    for graphs in [true, false] {
+        use_graphs(graphs);
+        let mut s = CudaSession::new(b.clone(), SessionOptions::default());
+        s.feed(&[1, 5, 9, 2]).unwrap();
+        let (mut want, mut tok) = (Vec::new(), 7u32);
+        for _ in 0..20 {
+            tok = ds4_runtime::sample::argmax(&s.feed(&[tok]).unwrap()) as u32;
+            want.push(tok);
+        }
+        let after = s.feed(&[tok]).unwrap();
+        let mut d = CudaSession::new(b.clone(), SessionOptions::default());
+        d.feed(&[1, 5, 9, 2]).unwrap();
+        let got = d.decode_greedy(7, 20, |_| {}).unwrap();
+        assert_eq!(got, want, "graphs {graphs}");
+        assert_eq!(d.pos(), s.pos() - 1);
+        let next = d.feed(&[*got.last().unwrap()]).unwrap();
+        assert!(next.iter().zip(&after).all(|(a, b)| a.to_bits() == b.to_bits()), "graphs {graphs}: the logits after differ");
+        assert!(d.decode_greedy(vocab, 3, |_| {}).is_err());
+        assert_eq!(d.decode_greedy(1, 0, |_| {}).unwrap(), Vec::<u32>::new());
+    }
+    use_graphs(true);
 }
 
 /// Two sessions decoding at once on one backend (a server's requests) give each the

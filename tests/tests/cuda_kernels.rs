@@ -8,7 +8,7 @@
 
 use ds4_ir::kir::{Elem, Kernel, ParamKind, Ty};
 use ds4_ir::kir_eval::{self, Arg as KArg, Out};
-use ds4_runtime::cuda::{cuda_attention, cuda_copy, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, QuantKernelKind};
+use ds4_runtime::cuda::{cuda_argmax, cuda_attention, cuda_copy, cuda_matvec_dense, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix, launch, quant_kernel_name as kernel_name, skip_reason, x_parts, Arg, Device, KernelSet, Kernels, Loaded, MappedI32, Marker, QuantKernelKind};
 use ds4_ir::rng::Rng;
 use std::sync::Arc;
 
@@ -972,6 +972,46 @@ fn copy_spans_copies_each_span() {
         launch(&dev, &k.func, (cuda_copy::BLOCKS_A_SPAN, count as u32, 1), (cuda_copy::THREADS, 1, 1), 0, &args).unwrap();
         assert!(db.read::<u32>(total).unwrap() == want, "copy_spans: {count} spans of {lens:?} words");
         println!("copy_spans: {count} spans of {lens:?} words");
+    }
+}
+
+/// `argmax_rows` (greedy decoding's pick on the device) picks what `sample::argmax` picks,
+/// on the device and in mapped host memory: rows of 1 to 129,280 logits, with ties (the
+/// lowest index wins), NaNs (never picked, also at index 0), ±∞ and rows of nothing above −∞.
+#[test]
+fn argmax_rows_picks_what_argmax_picks() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let k = ks.get(cuda_argmax::NAME).unwrap();
+    let mut r = Rng(seed());
+    let (nan, inf) = (f32::NAN, f32::INFINITY);
+    for n in [1usize, 2, 31, 1024, 1025, 4099, 129_280] {
+        let rows = 6;
+        let mut x = f32s(&mut r, n * rows, -4.0, 4.0);
+        // Row 1: a tie of the largest value, far apart; row 2: NaNs, one at 0; row 3:
+        // nothing above -inf; row 4: +inf twice; row 5: small integers (many ties).
+        let at = |row: usize, i: usize| row * n + i % n;
+        x[at(1, n / 3)] = 9.0;
+        x[at(1, n - 1)] = 9.0;
+        x[at(2, 0)] = nan;
+        x[at(2, n / 2)] = nan;
+        x[2 * n + n / 5 + 1..3 * n].iter_mut().step_by(7).for_each(|v| *v = nan);
+        x[3 * n..4 * n].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 3 == 0 { nan } else { -inf });
+        x[at(4, n / 2)] = inf;
+        x[at(4, n - 1)] = inf;
+        x[5 * n..6 * n].iter_mut().for_each(|v| *v = v.round());
+        let want: Vec<i32> = x.chunks(n).map(|row| ds4_runtime::sample::argmax(row) as i32).collect();
+        let (xb, picked) = (dev.upload(&x).unwrap(), dev.upload(&vec![-1i32; rows]).unwrap());
+        let host = MappedI32::new(&dev, rows).unwrap();
+        let mark = Marker::new(&dev).unwrap();
+        let args = [Arg::Ptr(picked.ptr), Arg::Ptr(host.ptr()), Arg::Ptr(xb.ptr), Arg::U64(n as u64)];
+        launch(&dev, &k.func, (rows as u32, 1, 1), (cuda_argmax::THREADS, 1, 1), 0, &args).unwrap();
+        mark.set().unwrap();
+        mark.wait().unwrap();
+        let on_host: Vec<i32> = (0..rows).map(|i| host.get(i)).collect();
+        assert_eq!(on_host, want, "argmax_rows, rows of {n}: in host memory");
+        assert_eq!(picked.read::<i32>(rows).unwrap(), want, "argmax_rows, rows of {n}: on the device");
+        println!("argmax_rows: rows of {n}: {want:?}");
     }
 }
 

@@ -59,6 +59,25 @@ impl<'m> AnySession<'m> {
         }
     }
 
+    /// `n` greedy steps from `first`: the picks, each handed to `on_pick` as it is known. On
+    /// CUDA the picks stay on the device and the host runs a step ahead
+    /// (`CudaSession::decode_greedy`); on the CPU, and with `DS4_PIPELINE=0`, `feed` and
+    /// `sample::argmax` a step at a time. The same tokens either way.
+    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32)) -> Result<Vec<u32>, ModelError> {
+        if let AnySession::Cuda(s) = self {
+            if !switched_off!("DS4_PIPELINE") {
+                return s.decode_greedy(first, n, on_pick);
+            }
+        }
+        let (mut picks, mut next) = (Vec::with_capacity(n), first);
+        for _ in 0..n {
+            next = crate::sample::argmax(&self.feed(&[next])?) as u32;
+            on_pick(next);
+            picks.push(next);
+        }
+        Ok(picks)
+    }
+
     pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
         match self {
             AnySession::Cpu(s) => s.prefill(ids, chunk),

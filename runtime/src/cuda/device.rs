@@ -360,6 +360,113 @@ impl Drop for DeviceBuf {
     }
 }
 
+/// Page-locked host memory that kernels write through its mapped device address: the
+/// greedy picks (`ds4_codegen::cuda_argmax`), read by the host once a [`Marker`] queued
+/// after their kernel has passed, without a copy or a synchronization of the device.
+pub struct MappedI32 {
+    dev: Arc<Device>,
+    host: *mut i32,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: the memory is the driver's, freed once (drop); reads are volatile.
+unsafe impl Send for MappedI32 {}
+unsafe impl Sync for MappedI32 {}
+
+impl MappedI32 {
+    /// `len` zeroed values.
+    pub fn new(dev: &Arc<Device>, len: usize) -> Result<MappedI32, CudaError> {
+        dev.bind()?;
+        let bytes = 4 * len.max(1);
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the driver allocates `bytes` of page-locked, device-mapped memory.
+        unsafe { sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP).result() }?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated mapped.
+        if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0).result() } {
+            // SAFETY: allocated above, not shared yet.
+            unsafe {
+                let _ = sys::cuMemFreeHost(host);
+            }
+            return Err(e.into());
+        }
+        // SAFETY: `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
+        Ok(MappedI32 { dev: dev.clone(), host: host as *mut i32, ptr, len })
+    }
+
+    /// The device address kernels write to.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Value `i` as the device last wrote it (after a [`Marker`] past the writing kernel).
+    pub fn get(&self, i: usize) -> i32 {
+        assert!(i < self.len, "mapped value {i} of {}", self.len);
+        // SAFETY: in bounds; the device writes it, hence the volatile read.
+        unsafe { std::ptr::read_volatile(self.host.add(i)) }
+    }
+}
+
+impl Drop for MappedI32 {
+    fn drop(&mut self) {
+        // Queued kernels may still write it.
+        if self.dev.synchronize().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            unsafe {
+                let _ = sys::cuMemFreeHost(self.host as *mut std::ffi::c_void);
+            }
+        }
+    }
+}
+
+/// A point in the device's queue: [`Marker::set`] submits what is queued and marks its end;
+/// [`Marker::wait`] returns once the device has passed it (work queued later may still run).
+pub struct Marker {
+    dev: Arc<Device>,
+    ev: sys::CUevent,
+}
+
+// SAFETY: a driver event handle, used under the device's context.
+unsafe impl Send for Marker {}
+unsafe impl Sync for Marker {}
+
+impl Marker {
+    pub fn new(dev: &Arc<Device>) -> Result<Marker, CudaError> {
+        dev.bind()?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: creates an event of the bound context.
+        unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32).result() }?;
+        Ok(Marker { dev: dev.clone(), ev })
+    }
+
+    /// Submits the queued launches and marks their end (on the stream the graphs run on).
+    pub fn set(&self) -> Result<(), CudaError> {
+        self.dev.submit_plan()?;
+        // SAFETY: a live event; the legacy default stream, as `launch_plan.rs` launches.
+        unsafe { sys::cuEventRecord(self.ev, std::ptr::null_mut()).result() }?;
+        Ok(())
+    }
+
+    /// Waits for the device to pass the mark.
+    pub fn wait(&self) -> Result<(), CudaError> {
+        self.dev.bind()?;
+        // SAFETY: a live event.
+        unsafe { sys::cuEventSynchronize(self.ev).result() }?;
+        Ok(())
+    }
+}
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe {
+            let _ = sys::cuEventDestroy_v2(self.ev);
+        }
+    }
+}
+
 /// `len` elements of 4 bytes (f32 or i32) from element `off` of a shared buffer: a value
 /// flowing along a graph edge, or a view into a slot's log (`DeviceLog`).
 #[derive(Clone)]

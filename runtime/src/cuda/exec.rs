@@ -16,7 +16,7 @@ use crate::exec::ExecError;
 use crate::slot_ops;
 use crate::state::SessionState;
 use ds4_codegen::quant::cuda_matvec_dense;
-use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
+use ds4_codegen::{cuda_argmax, cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
 use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
@@ -837,12 +837,23 @@ impl GpuExecutor<'_> {
     /// A decode step (one token) is recorded and submitted as CUDA graphs
     /// (`launch_plan.rs`; `DS4_CUDA_GRAPHS=0` launches one by one).
     pub fn run(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        self.run_step(state, bind, StepIds::Host(ids), residual, None)
+    }
+
+    /// Runs the graph as [`run`](Self::run) does, but reads nothing back: each row of its
+    /// logits is picked greedily on the device into `picks` (`cuda_argmax.rs`), where a
+    /// later step's ids may come from. The host may queue more before the picks are made.
+    pub fn run_greedy(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: StepIds, picks: GreedyPicks) -> Result<(), ExecError> {
+        self.run_step(state, bind, ids, None, Some(picks)).map(|_| ())
+    }
+
+    fn run_step(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: StepIds, residual: Option<&[f32]>, greedy: Option<GreedyPicks>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let record = bind.tokens == 1 && graphs_enabled();
         if record {
             self.dev.record_launches(true)?;
         }
         let began = self.dev.begin_run();
-        let out = began.map_err(ExecError::from).and_then(|_| self.run_nodes(state, bind, ids, residual));
+        let out = began.map_err(ExecError::from).and_then(|_| self.run_nodes(state, bind, ids, residual, greedy));
         self.dev.end_run();
         // A branch left open (a failed step) joins here, and its held buffers return.
         let joined = self.join();
@@ -858,7 +869,7 @@ impl GpuExecutor<'_> {
         out
     }
 
-    fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: &[i32], residual: Option<&[f32]>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+    fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: StepIds, residual: Option<&[f32]>, greedy: Option<GreedyPicks>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
         // Selections that are every row: not made (`crate::all_rows`), and the order
         // without them.
@@ -898,11 +909,19 @@ impl GpuExecutor<'_> {
                 }
             };
             let iv = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(is(i)?.ptr())) };
-            // Token ids are checked on the host's copy, the graph input (no read back).
-            let graph_ids = |i: usize| -> Result<&[i32], ExecError> {
-                match &g.node(ins[i]).op {
-                    Op::Input { name, .. } if name == "ids" => Ok(ids),
-                    _ => Err(ExecError::Internal(format!("{label}: token ids must be the graph's ids input"))),
+            // Token ids are checked on the host's copy, the graph input (no read back); ids
+            // on the device by the bound they are known to keep.
+            let check_ids = |i: usize, size: usize, what: &str| -> Result<(), ExecError> {
+                if !matches!(&g.node(ins[i]).op, Op::Input { name, .. } if name == "ids") {
+                    return Err(ExecError::Internal(format!("{label}: token ids must be the graph's ids input")));
+                }
+                match ids {
+                    StepIds::Host(host) => match host.iter().find(|&&t| t < 0 || t as usize >= size) {
+                        Some(bad) => Err(ExecError::Input(format!("token id {bad} is outside the {what} (size {size})"))),
+                        None => Ok(()),
+                    },
+                    StepIds::Device { below, .. } if below > size => Err(ExecError::Input(format!("token ids up to {} may be outside the {what} (size {size})", below - 1))),
+                    StepIds::Device { .. } => Ok(()),
                 }
             };
             let w = |i: usize| -> Result<&DeviceTensor, ExecError> {
@@ -934,7 +953,11 @@ impl GpuExecutor<'_> {
             let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
-                    "ids" => GVal::I(DevSlice::whole(self.dev.upload(ids)?, ids.len())),
+                    "ids" => match ids {
+                        StepIds::Host(host) => GVal::I(DevSlice::whole(self.dev.upload(host)?, host.len())),
+                        StepIds::Device { ids, .. } if ids.len == bind.tokens => GVal::I(ids.clone()),
+                        StepIds::Device { ids, .. } => return Err(ExecError::Input(format!("{} token ids on the device for {} tokens", ids.len, bind.tokens))),
+                    },
                     "residual" => {
                         let r = residual.ok_or_else(|| ExecError::Input("this graph needs an incoming residual".into()))?;
                         if r.len() != n_out {
@@ -946,15 +969,12 @@ impl GpuExecutor<'_> {
                 },
                 Op::Weight { name, .. } => GVal::W(name.clone()),
                 Op::Embed => {
-                    let host_ids = graph_ids(0)?;
                     let table = w(1)?;
                     let (d, vocab) = (shape[1], table.ne[1] as usize);
-                    if let Some(bad) = host_ids.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-                        return Err(ExecError::Input(format!("token id {bad} is outside the vocabulary (size {vocab})")));
-                    }
+                    check_ids(0, vocab, "vocabulary")?;
                     let out = self.dev.alloc(n_out * 4)?;
                     let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(table.ptr)), ("ids", iv(0)?), ("k", u(d)), ("row_bytes", u(table.row_bytes(d)))];
-                    self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (host_ids.len() as u32, 1), &named)?;
+                    self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (bind.tokens as u32, 1), &named)?;
                     GVal::F(DevSlice::whole(out, n_out))
                 }
                 Op::MatMul => {
@@ -1161,9 +1181,7 @@ impl GpuExecutor<'_> {
                 Op::RouterHash { k } => {
                     let table = w(1)?;
                     let vocab = table.bytes / 4 / k;
-                    if let Some(bad) = graph_ids(0)?.iter().find(|&&t| t < 0 || t as usize >= vocab) {
-                        return Err(ExecError::Input(format!("token id {bad} is outside the hash table (size {vocab})")));
-                    }
+                    check_ids(0, vocab, "hash table")?;
                     let GVal::F(s) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
                     GVal::I(s)
                 }
@@ -1330,6 +1348,20 @@ impl GpuExecutor<'_> {
         }
         state.trim(bind.pos0 + bind.tokens);
         let mut outs = HashMap::new();
+        if let Some(picks) = greedy {
+            // The logits picked on the device; nothing read back.
+            let Some(Some(GVal::F(logits))) = g.outputs.iter().find(|(name, _)| name == "logits").map(|(_, id)| vals.get(&id.index())) else {
+                return Err(ExecError::Internal("a greedy step needs the graph's logits".into()));
+            };
+            let rows = bind.tokens;
+            let n = logits.len / rows.max(1);
+            if rows == 0 || picks.picked.len < rows || picks.host_len < rows || n * rows != logits.len {
+                return Err(ExecError::Internal(format!("greedy picks for {rows} rows of {} logits", logits.len)));
+            }
+            let named = [("picked", Arg::Ptr(picks.picked.ptr())), ("picked_host", Arg::Ptr(picks.host)), ("x", Arg::Ptr(logits.ptr())), ("n", u(n))];
+            self.call_threads(self.kernels.get(cuda_argmax::NAME)?, cuda_argmax::NAME, (rows as u32, 1, 1), cuda_argmax::THREADS, 0, &named)?;
+            return Ok(outs);
+        }
         for (name, id) in &g.outputs {
             match vals.get(&id.index()) {
                 Some(GVal::F(s)) => {
@@ -1340,6 +1372,25 @@ impl GpuExecutor<'_> {
         }
         Ok(outs)
     }
+}
+
+/// Where a step's token ids come from.
+#[derive(Clone, Copy)]
+pub enum StepIds<'a> {
+    /// The host's (checked against the tables they index).
+    Host(&'a [i32]),
+    /// A device value, an id per token, each below `below` (an earlier step's greedy picks
+    /// over `below` logits): not read back.
+    Device { ids: &'a DevSlice, below: usize },
+}
+
+/// Where a greedy step's picks go: `picked` on the device (i32 a row) and the same values
+/// at `host`, the device address of mapped host memory (`MappedI32`), `host_len` of them.
+#[derive(Clone, Copy)]
+pub struct GreedyPicks<'a> {
+    pub picked: &'a DevSlice,
+    pub host: u64,
+    pub host_len: usize,
 }
 
 /// Whether decode steps run as CUDA graphs: 0 not yet decided, 1 yes, 2 no.

@@ -41,7 +41,7 @@ pub mod x_parts;
 
 pub use backend_choice::{AnySession, BackendKind};
 pub use compile::{target_for, Kernels, Loaded};
-pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf};
+pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf, MappedI32, Marker};
 pub use device_log::DeviceLog;
 pub use exec::{expert_groups, matvec_row_blocks, mma_k_slices, use_graphs};
 pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
@@ -49,7 +49,7 @@ pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;
 /// The tiled attention kernel (CUDA text): its name, launch and limits.
-pub use ds4_codegen::{cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
+pub use ds4_codegen::{cuda_argmax, cuda_attention, cuda_attention_merge, cuda_copy, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
 pub use ds4_codegen::quant::{cuda_matvec_dense, kernel_name as quant_kernel_name, matvec_block_rows, matvec_reads_in_place, matvec_split_below, mma_k_unit, QuantKernelKind, TOKENS as MATMUL_TOKENS};
 /// Rows and tokens of a tensor-core matmul tile.
 pub const MMA_ROWS: usize = ds4_codegen::quant::MMA_ROWS as usize;

@@ -3,9 +3,9 @@
 //! as `crate::Session<f32>`).
 
 use super::compile::Kernels;
-use super::device::{CudaError, Device, DeviceBuf};
+use super::device::{CudaError, DevSlice, Device, DeviceBuf, MappedI32, Marker};
 use super::device_log::DeviceLog;
-use super::exec::GpuExecutor;
+use super::exec::{GpuExecutor, GreedyPicks, StepIds};
 use super::expert_ids::check_expert_sources;
 use super::fusion_plan::FusionPlan;
 use super::placement::{DeviceWeights, Placement};
@@ -82,6 +82,11 @@ impl<'m> CudaBackend<'m> {
     }
 }
 
+/// An executor of `graph` on `b`'s device and weights.
+fn executor<'a>(b: &'a CudaBackend<'_>, graph: &'a Graph, plan: &'a FusionPlan) -> GpuExecutor<'a> {
+    GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default(), digits_ahead: Default::default() }
+}
+
 /// One conversation on the GPU.
 pub struct CudaSession<'m> {
     backend: Arc<CudaBackend<'m>>,
@@ -151,15 +156,55 @@ impl<'m> CudaSession<'m> {
         }
         let ids32: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let bind = Bind { pos0: self.pos, tokens: ids.len() };
-        let b = &self.backend;
         let (graph, plan) = match (last_only, self.graph_last, &self.plan_last) {
             (true, Some(g), Some(p)) => (g, &**p),
             _ => (&*self.graph, &*self.plan),
         };
-        let ex = GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default(), digits_ahead: Default::default() };
-        let outs = ex.run(&mut self.state, bind, &ids32, residual)?;
+        let outs = executor(&self.backend, graph, plan).run(&mut self.state, bind, &ids32, residual)?;
         self.pos += ids.len();
         Ok(outs)
+    }
+
+    /// Greedy decoding: feeds `first`, then each pick, `n` steps in all, and returns the
+    /// `n` picks, handing each to `on_pick` as it is known. The tokens `feed` and
+    /// `sample::argmax` give one step at a time, but each step's logits are picked on the
+    /// device (`ds4_codegen::cuda_argmax`) and the next step's embedding reads the pick
+    /// there: the host queues step k + 1 before it reads pick k (from mapped host memory,
+    /// once a marker after step k has passed), so the GPU does not wait for the host
+    /// between steps, and no logits travel.
+    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32)) -> Result<Vec<u32>, ModelError> {
+        let b = self.backend.clone();
+        let vocab = b.model.hp.vocab;
+        if first as usize >= vocab {
+            return Err(ModelError::Session(format!("token id {first} is outside the vocabulary (size {vocab})")));
+        }
+        let dev = &b.dev;
+        // Two of each: step k writes set k % 2 while step k - 1's is read.
+        let picked = [DevSlice::whole(dev.alloc(4)?, 1), DevSlice::whole(dev.alloc(4)?, 1)];
+        let host = MappedI32::new(dev, 2)?;
+        let marks = [Marker::new(dev)?, Marker::new(dev)?];
+        let first = [first as i32];
+        let mut picks = Vec::with_capacity(n);
+        for k in 0..=n {
+            if k < n {
+                let ids = if k == 0 { StepIds::Host(&first) } else { StepIds::Device { ids: &picked[(k - 1) % 2], below: vocab } };
+                let to = GreedyPicks { picked: &picked[k % 2], host: host.ptr() + 4 * (k % 2) as u64, host_len: 1 };
+                let bind = Bind { pos0: self.pos, tokens: 1 };
+                executor(&b, &self.graph, &self.plan).run_greedy(&mut self.state, bind, ids, to)?;
+                self.pos += 1;
+                marks[k % 2].set()?;
+            }
+            if k > 0 {
+                marks[(k - 1) % 2].wait()?;
+                let t = host.get((k - 1) % 2);
+                if t < 0 || t as usize >= vocab {
+                    return Err(ModelError::Session(format!("the device picked token {t} outside the vocabulary (size {vocab})")));
+                }
+                on_pick(t as u32);
+                picks.push(t as u32);
+            }
+        }
+        Ok(picks)
     }
 
     /// Feeds tokens and returns their logits, [T, vocab] row-major.

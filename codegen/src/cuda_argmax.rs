@@ -1,0 +1,100 @@
+//! `argmax_rows`: the greedy pick of each row of logits on the device, CUDA text.
+//!
+//! A greedy decode step otherwise ends with the whole logits row read back (129,280 floats,
+//! ~0.5 MB on DeepSeek-V4-Flash) and scanned on the host, and the next step starts with
+//! the picked id written back: two synchronizations, between which the GPU idles. Here the
+//! pick stays on the device, where the next step's embedding reads it, and is also written
+//! to host memory the host can read when it likes (page-locked, mapped): the host can queue
+//! step k + 1 before it knows token k (`runtime/src/cuda/session.rs`, `decode_greedy`).
+//!
+//! The pick is `ds4_runtime::sample::argmax`'s: the lowest index of the largest value,
+//! NaNs never picked, 0 where nothing beats −∞. Thread t scans indices t, t + T, ... with a
+//! strict `>` (so its lowest index of its largest value), then the block reduces the
+//! (value, index) pairs, a larger value or an equal one at a lower index winning.
+
+use crate::quant::{BufElem, QParam};
+
+/// Kernel name.
+pub const NAME: &str = "argmax_rows";
+/// Threads a block (a block a row).
+pub const THREADS: u32 = 1024;
+
+/// Parameters in launch order: the picks on the device (`picked`, an i32 a row) and in
+/// mapped host memory (`picked_host`, the same), the logits (`x`, rows of `n`).
+pub fn params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "picked", elem: BufElem::I32, mutable: true },
+        QParam::Buffer { name: "picked_host", elem: BufElem::I32, mutable: true },
+        QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n" },
+    ]
+}
+
+/// The CUDA source. Launch: grid [rows, 1, 1], [`THREADS`] threads.
+pub fn source() -> String {
+    format!(
+        r#"// {NAME}: each row's greedy pick, kept on the device and written to mapped host memory (codegen/src/cuda_argmax.rs).
+// (v, i) beats (bv, bi): a larger value, or the same one at a lower index.
+__device__ __forceinline__ bool ds4_argmax_beats(const float v, const unsigned int i, const float bv, const unsigned int bi) {{
+    return v > bv || (v == bv && i < bi);
+}}
+{entry}    __shared__ float ds4_best_v[32];
+    __shared__ unsigned int ds4_best_i[32];
+    const float* const row = ds4_x + (unsigned long long)blockIdx.x * n;
+    // Nothing beats -inf: an index past the row stands for "none" (row index 0 then).
+    float bv = __int_as_float(0xff800000);
+    unsigned int bi = 0xffffffffu;
+    for (unsigned int i = threadIdx.x; i < (unsigned int)n; i += blockDim.x) {{
+        const float v = row[i];
+        if (v > bv) {{
+            bv = v;
+            bi = i;
+        }}
+    }}
+    for (int o = 16; o > 0; o >>= 1) {{
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ds4_argmax_beats(ov, oi, bv, bi)) {{
+            bv = ov;
+            bi = oi;
+        }}
+    }}
+    const unsigned int warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    if (lane == 0u) {{
+        ds4_best_v[warp] = bv;
+        ds4_best_i[warp] = bi;
+    }}
+    __syncthreads();
+    if (warp == 0u) {{
+        const unsigned int warps = (blockDim.x + 31u) / 32u;
+        bv = lane < warps ? ds4_best_v[lane] : __int_as_float(0xff800000);
+        bi = lane < warps ? ds4_best_i[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {{
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ds4_argmax_beats(ov, oi, bv, bi)) {{
+                bv = ov;
+                bi = oi;
+            }}
+        }}
+        if (lane == 0u) {{
+            const int pick = bi == 0xffffffffu ? 0 : (int)bi;
+            ds4_picked[blockIdx.x] = pick;
+            ds4_picked_host[blockIdx.x] = pick;
+        }}
+    }}
+}}
+"#,
+        entry = crate::cuda::own_entry(NAME, &THREADS.to_string(), &params())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declares_its_parameters() {
+        crate::cuda::assert_declares_params(&source(), NAME, &params());
+    }
+}
