@@ -34,9 +34,17 @@ pub fn params() -> Vec<QParam> {
 pub fn source() -> String {
     format!(
         r#"// {NAME}: each row's greedy pick, kept on the device and written to mapped host memory (codegen/src/cuda_argmax.rs).
-// (v, i) beats (bv, bi): a larger value, or the same one at a lower index.
-__device__ __forceinline__ bool ds4_argmax_beats(const float v, const unsigned int i, const float bv, const unsigned int bi) {{
-    return v > bv || (v == bv && i < bi);
+// The warp's best (value, index) in every lane: a larger value, or the same one at a
+// lower index, wins.
+__device__ __forceinline__ void ds4_argmax_warp(float& bv, unsigned int& bi) {{
+    for (int o = 16; o > 0; o >>= 1) {{
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {{
+            bv = ov;
+            bi = oi;
+        }}
+    }}
 }}
 {entry}    __shared__ float ds4_best_v[32];
     __shared__ unsigned int ds4_best_i[32];
@@ -51,14 +59,7 @@ __device__ __forceinline__ bool ds4_argmax_beats(const float v, const unsigned i
             bi = i;
         }}
     }}
-    for (int o = 16; o > 0; o >>= 1) {{
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ds4_argmax_beats(ov, oi, bv, bi)) {{
-            bv = ov;
-            bi = oi;
-        }}
-    }}
+    ds4_argmax_warp(bv, bi);
     const unsigned int warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
     if (lane == 0u) {{
         ds4_best_v[warp] = bv;
@@ -69,14 +70,7 @@ __device__ __forceinline__ bool ds4_argmax_beats(const float v, const unsigned i
         const unsigned int warps = (blockDim.x + 31u) / 32u;
         bv = lane < warps ? ds4_best_v[lane] : __int_as_float(0xff800000);
         bi = lane < warps ? ds4_best_i[lane] : 0xffffffffu;
-        for (int o = 16; o > 0; o >>= 1) {{
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ds4_argmax_beats(ov, oi, bv, bi)) {{
-                bv = ov;
-                bi = oi;
-            }}
-        }}
+        ds4_argmax_warp(bv, bi);
         if (lane == 0u) {{
             const int pick = bi == 0xffffffffu ? 0 : (int)bi;
             ds4_picked[blockIdx.x] = pick;
