@@ -126,6 +126,122 @@ pub fn source(target: Target) -> Option<String> {
     Some(s)
 }
 
+/// `rope_hadamard_fp4`: the RoPE of rows of 128 values, then each row's Hadamard transform
+/// and FP4 round trip (`hadamard_fp4`), one launch. The indexer's query heads at decode
+/// were three launches on the critical path of a CSA layer: the projection, `rope` (4.2
+/// µs) and `hadamard_fp4` (7.4 µs: its round trip by four threads, 32 values each in turn,
+/// behind seven barriers). Here a warp takes a row, four values a lane (lane l values 4l ..
+/// 4l + 4): the RoPE's pairs are a lane's own (`ds4_rope_row`'s arithmetic); the
+/// butterflies of spans 1 and 2 are a lane's, those of 4 to 64 are between lanes
+/// (shuffles: the lower of a pair keeps a + b, the upper a − b, the same two operations on
+/// the same values); then ×1/√128 and, in blocks of 32 (eight lanes), the block's largest
+/// magnitude (a max, in any order) and the round trip (`e2m1_round`, rendered from the op
+/// kernel's IR helper). Bit for bit `rope` then `hadamard_fp4` (`cuda_kernels`).
+pub const ROPE_HADAMARD: &str = "rope_hadamard_fp4";
+/// Values a row (the Hadamard transform's length).
+pub const HADAMARD_N: usize = 128;
+/// Threads a block: four rows.
+pub const ROPE_HADAMARD_THREADS: u32 = 128;
+
+/// `rope_hadamard_fp4`'s parameters in launch order: the RoPE's (row `item` is token
+/// `item / heads`; its last `n_rot` values rotated) and `fp4` (0 or 1).
+pub fn rope_hadamard_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "x", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "inv_freq", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "rows" },
+        QParam::Scalar { name: "heads" },
+        QParam::Scalar { name: "n_rot" },
+        QParam::Scalar { name: "pos_base" },
+        QParam::Scalar { name: "pos_mult" },
+        QParam::Float { name: "sign" },
+        QParam::Scalar { name: "fp4" },
+    ]
+}
+
+/// Blocks of a launch over `rows` rows.
+pub fn rope_hadamard_blocks(rows: usize) -> u32 {
+    rows.div_ceil(ROPE_HADAMARD_THREADS as usize / 32) as u32
+}
+
+/// `rope_hadamard_fp4`'s source (None off CUDA). Launch: grid [`rope_hadamard_blocks`],
+/// [`ROPE_HADAMARD_THREADS`] threads.
+pub fn rope_hadamard_source(target: Target) -> Option<String> {
+    let cuda = crate::cuda::Cuda::of(target)?;
+    let had = ds4_ir::kernels::all().into_iter().find(|k| k.name == "hadamard_fp4").expect("hadamard_fp4 is an op kernel");
+    let mut s = format!("// {ROPE_HADAMARD}: rope, then hadamard_fp4, of rows of {HADAMARD_N} (codegen/src/cuda_norm_rope.rs).\n\n");
+    s.push_str(&crate::render::render_helpers(&cuda, &had));
+    s.push_str(&format!(
+        r#"
+{entry}    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long item = (unsigned long long)blockIdx.x * ({threads}u / 32u) + threadIdx.x / 32u;
+    if (item >= rows) return;
+    const float4 in = *(const float4*)(ds4_x + item * {n}ull + 4u * lane);
+    float v[4] = {{in.x, in.y, in.z, in.w}};
+    // `rope`: the last n_rot values in pairs (a lane's two pairs are its own).
+    const unsigned int nope = {n}u - (unsigned int)n_rot;
+    const float pos = (float)((pos_base + item / heads) * pos_mult);
+    #pragma unroll
+    for (unsigned int q = 0; q < 2u; q++) {{
+        const unsigned int e = 4u * lane + 2u * q;
+        if (e >= nope) {{
+            const float ang = pos * ds4_inv_freq[(e - nope) / 2u];
+            const float c = cosf(ang);
+            const float sn = sinf(ang) * sign;
+            const float a = v[2u * q];
+            const float b = v[2u * q + 1u];
+            v[2u * q] = a * c - b * sn;
+            v[2u * q + 1u] = b * c + a * sn;
+        }}
+    }}
+    // `hadamard_fp4`'s butterflies: spans 1 and 2 in the lane, 4 .. 64 across lanes.
+    {{
+        float a = v[0], b = v[1];
+        v[0] = a + b; v[1] = a - b;
+        a = v[2]; b = v[3];
+        v[2] = a + b; v[3] = a - b;
+        a = v[0]; b = v[2];
+        v[0] = a + b; v[2] = a - b;
+        a = v[1]; b = v[3];
+        v[1] = a + b; v[3] = a - b;
+    }}
+    #pragma unroll
+    for (unsigned int m = 1u; m < 32u; m <<= 1) {{
+        const bool upper = (lane & m) != 0u;
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) {{
+            const float other = __shfl_xor_sync(0xffffffffu, v[r], m);
+            v[r] = upper ? other - v[r] : v[r] + other;
+        }}
+    }}
+    const float norm = 1.0f / sqrtf(128.0f);
+    #pragma unroll
+    for (unsigned int r = 0; r < 4u; r++) v[r] = v[r] * norm;
+    if (fp4 != 0ull) {{
+        // Blocks of 32 values: eight lanes.
+        float amax = 0.0001f;
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) amax = fmaxf(amax, fabsf(v[r]));
+        #pragma unroll
+        for (unsigned int m = 1u; m < 8u; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float scale = exp2f(ceilf(log2f(amax / 6.0f)));
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) {{
+            const float q = fminf(fmaxf(v[r] / scale, -6.0f), 6.0f);
+            v[r] = e2m1_round(q) * scale;
+        }}
+    }}
+    *(float4*)(ds4_out + item * {n}ull + 4u * lane) = make_float4(v[0], v[1], v[2], v[3]);
+}}
+"#,
+        entry = crate::cuda::own_entry(ROPE_HADAMARD, &ROPE_HADAMARD_THREADS.to_string(), &rope_hadamard_params()),
+        threads = ROPE_HADAMARD_THREADS,
+        n = HADAMARD_N
+    ));
+    Some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,8 +73,8 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         // projection, mix, collapse) in one launch.
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
         // A row's RMS norm, RoPE and FP8 round trip in one launch (the attention's query
-        // heads and KV row).
-        Op::Rope { .. } => &[cuda_norm_rope::NAME],
+        // heads and KV row); a RoPE and the Hadamard transform after it (the indexer's query).
+        Op::Rope { .. } => &[cuda_norm_rope::NAME, cuda_norm_rope::ROPE_HADAMARD],
         // A decode token's indexer scores in one launch (its dots and their combination).
         Op::IndexerScores { .. } => &[cuda_indexer_scores::NAME],
         // A row's top k by sorting it in shared memory (rows up to cuda_top_k::MAX_N), or

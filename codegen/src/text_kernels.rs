@@ -238,6 +238,15 @@ pub fn all() -> Vec<TextKernel> {
             source: cuda_norm_rope::source,
         },
         TextKernel {
+            name: cuda_norm_rope::ROPE_HADAMARD,
+            params: TextParams::Own(cuda_norm_rope::rope_hadamard_params()),
+            threads: cuda_norm_rope::ROPE_HADAMARD_THREADS,
+            dyn_shared: 0,
+            launch: format!("\"grid\": \"[ceil(rows / {}), 1, 1]\", \"block\": [{}, 1, 1], \"n\": {}", cuda_norm_rope::ROPE_HADAMARD_THREADS / 32, cuda_norm_rope::ROPE_HADAMARD_THREADS, cuda_norm_rope::HADAMARD_N),
+            manifest_shared: 0,
+            source: cuda_norm_rope::rope_hadamard_source,
+        },
+        TextKernel {
             name: cuda_split::NAME,
             params: TextParams::Own(cuda_split::params()),
             threads: cuda_split::THREADS,

@@ -662,6 +662,42 @@ fn norm_rope_matches_the_chain_it_fuses() {
     }
 }
 
+/// `rope_hadamard_fp4` (the indexer query's RoPE and Hadamard transform, one launch): bit
+/// for bit `rope` then `hadamard_fp4` (the op kernels, with and without the FP4 round trip),
+/// rows of 128 with 2 to 128 values rotated, 1 to 6 tokens of 1 to 64 heads (a partial last
+/// block), positions up to 100,000 and the inverse's sign.
+#[test]
+fn rope_hadamard_matches_rope_then_hadamard() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    let (fused, rope, had) = (ks.get(cuda_norm_rope::ROPE_HADAMARD).unwrap(), ks.get("rope").unwrap(), ks.get("hadamard_fp4").unwrap());
+    let n = cuda_norm_rope::HADAMARD_N;
+    for case in 0..8 {
+        let heads = [1, 3, 64, 64][case % 4];
+        let tokens = r.range(1, 7);
+        let rows = tokens * heads;
+        let n_rot = if case == 1 { n } else { 2 * r.range(1, n / 2 + 1) };
+        let (pos_base, pos_mult) = if case % 4 == 3 { (r.range(0, 1000), 4) } else { (r.range(0, 100000), 1) };
+        let sign = if case == 5 { -1.0f32 } else { 1.0 };
+        let fp4 = case != 2;
+        let (x, freq) = (f32s(&mut r, rows * n, -8.0, 8.0), f32s(&mut r, n_rot / 2, 1e-4, 1.0));
+        let (xb, fb) = (dev.upload(&x).unwrap(), dev.upload(&freq).unwrap());
+        let roped = dev.alloc(rows * n * 4).unwrap();
+        launch(&dev, &rope.func, (rows as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(roped.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(fb.ptr), u(heads), u(n), u(n_rot), u(pos_base), u(pos_mult), Arg::F32(sign)]).unwrap();
+        let want_b = dev.alloc(rows * n * 4).unwrap();
+        launch(&dev, &had.func, (rows as u32, 1, 1), (128, 1, 1), (n * 4) as u32, &[Arg::Ptr(want_b.ptr), Arg::Ptr(roped.ptr), Arg::Bool(fp4)]).unwrap();
+        let out = dev.alloc(rows * n * 4).unwrap();
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(fb.ptr), u(rows), u(heads), u(n_rot), u(pos_base), u(pos_mult), Arg::F32(sign), u(fp4 as usize)];
+        launch(&dev, &fused.func, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), (cuda_norm_rope::ROPE_HADAMARD_THREADS, 1, 1), 0, &args).unwrap();
+        let (got, want): (Vec<f32>, Vec<f32>) = (out.read(rows * n).unwrap(), want_b.read(rows * n).unwrap());
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        println!("rope_hadamard_fp4: {rows} rows ({heads} heads, n_rot {n_rot}, fp4 {fp4}, sign {sign}): {differ} values differ");
+        assert_eq!(differ, 0, "rope_hadamard_fp4 is not rope then hadamard_fp4");
+    }
+}
+
 /// `matvec_f16_vec` (a decode token's F16 mat-vec in 16-byte loads) against the f64
 /// product, to 1e-5 of Σ|w·x| as every mat-vec: one group (an odd row count: the last
 /// block's second row clamped, not written), row groups reading their own x, and the

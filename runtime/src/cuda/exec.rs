@@ -437,6 +437,21 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
+    /// Whether RoPE node `rope` (rows of `hd`, the last `n_rot` rotated, over `x`) and the
+    /// Hadamard transform after it run as one `rope_hadamard_fp4` launch: a chain there
+    /// (`norm_rope::hadamard_after`), rows of the transform's 128, aligned x.
+    /// `DS4_ROPE_HADAMARD=0` turns it off.
+    fn rope_hadamard_fits(&self, rope: ds4_ir::NodeId, x: &DevSlice, hd: usize, n_rot: usize) -> bool {
+        !switched_off!("DS4_ROPE_HADAMARD")
+            && self.plan.rope_hadamard(rope).is_some()
+            && self.kernels.by_name.contains_key(cuda_norm_rope::ROPE_HADAMARD)
+            && hd == cuda_norm_rope::HADAMARD_N
+            && n_rot <= hd
+            && n_rot % 2 == 0
+            && x.ptr() % 16 == 0
+            && x.len % hd == 0
+    }
+
     /// The attention merge and the inverse RoPE after it (node `rope`, which the plan pairs
     /// with the attention: `fusion_plan.rs`) as one `attention_merge_rope` launch over the
     /// `items` (token, head) rows of `hd` merged from `nc` chunks in `part`: the RoPE's
@@ -1150,6 +1165,18 @@ impl GpuExecutor<'_> {
                     // Its parallel loop is over the d channels (each thread makes the nh streams
                     // of its channel).
                     self.op_over("hc_expand", n_out, nh * d, (d, op_per_thread()), &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
+                }
+                Op::Rope { n_rot, .. } if self.rope_hadamard_fits(id, fs(0)?, shape[2], *n_rot) => {
+                    // With the Hadamard transform after it, one launch (`rope_hadamard_fp4`).
+                    let (Some(c), r) = (self.plan.rope_hadamard(id), self.rope_args(id, bind)?) else { unreachable!() };
+                    let rows = n_out / cuda_norm_rope::HADAMARD_N;
+                    let out = self.dev.alloc(n_out * 4)?;
+                    let named = [("out", Arg::Ptr(out.ptr)), ("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("rows", u(rows)), ("heads", u(shape[1])), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign)), ("fp4", u(c.fp4 as usize))];
+                    let k = self.kernels.get(cuda_norm_rope::ROPE_HADAMARD)?;
+                    self.call_threads(k, cuda_norm_rope::ROPE_HADAMARD, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), cuda_norm_rope::ROPE_HADAMARD_THREADS, 0, &named)?;
+                    let mut ahead: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
+                    ahead.push((c.hadamard.index(), GVal::F(DevSlice::whole(out, n_out))));
+                    fused(&mut made, ahead)
                 }
                 Op::Rope { n_rot, .. } => {
                     let (heads, hd) = (shape[1], shape[2]);

@@ -19,7 +19,7 @@
 //! measuring switches); what the graph offers is fixed.
 
 use super::hc_pre::{self, HcPreChain};
-use super::norm_rope::{self, NormRopeChain};
+use super::norm_rope::{self, NormRopeChain, RopeHadamardChain};
 use super::router::{self, RouterChain};
 use ds4_ir::{Graph, NodeId, Op};
 use std::collections::HashMap;
@@ -29,6 +29,8 @@ use std::collections::HashMap;
 pub struct FusionPlan {
     hc_pre: HashMap<usize, HcPreChain>,
     norm_rope: HashMap<usize, NormRopeChain>,
+    /// RoPEs whose rows go on to a Hadamard transform, by RoPE node.
+    rope_hadamard: HashMap<usize, RopeHadamardChain>,
     router: HashMap<usize, RouterChain>,
     moe_add: HashMap<usize, (NodeId, NodeId)>,
     attention_rope: HashMap<usize, NodeId>,
@@ -100,6 +102,9 @@ impl FusionPlan {
                 }
                 Op::Rope { inv_freq, .. } => {
                     plan.rope_keys.insert(i, freq_key(inv_freq));
+                    if let Some(c) = norm_rope::hadamard_after(g, id) {
+                        plan.rope_hadamard.insert(i, c);
+                    }
                 }
                 Op::Attention { .. } => {
                     if let Some(r) = g.only_reader(id).filter(|&r| matches!(g.node(r).op, Op::Rope { .. }) && g.inputs(r)[0] == id) {
@@ -177,6 +182,10 @@ impl FusionPlan {
 
     pub fn norm_rope(&self, norm: NodeId) -> Option<&NormRopeChain> {
         self.norm_rope.get(&norm.index())
+    }
+
+    pub fn rope_hadamard(&self, rope: NodeId) -> Option<&RopeHadamardChain> {
+        self.rope_hadamard.get(&rope.index())
     }
 
     pub fn router(&self, scores: NodeId) -> Option<&RouterChain> {

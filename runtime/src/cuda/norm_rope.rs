@@ -58,6 +58,34 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<NormRopeChain> {
     Some(NormRopeChain { weight, eps, rope, fp8: None, skipped, last: rope })
 }
 
+/// A RoPE whose rows go on to a Hadamard transform (`Rope → (Reshape)* → HadamardFp4`,
+/// each value read only by the next and not a graph output: the indexer's query heads),
+/// run as one `rope_hadamard_fp4` launch (`ds4_codegen::cuda_norm_rope`).
+pub struct RopeHadamardChain {
+    /// The reshapes between the two (never made).
+    pub skipped: Vec<NodeId>,
+    /// The transform: the launch makes its value.
+    pub hadamard: NodeId,
+    pub fp4: bool,
+}
+
+/// The chain that starts at RoPE node `rope`, if the graph has one there.
+pub fn hadamard_after(g: &Graph, rope: NodeId) -> Option<RopeHadamardChain> {
+    if !matches!(g.node(rope).op, Op::Rope { .. }) || g.is_output(rope) {
+        return None;
+    }
+    let (mut skipped, mut at) = (Vec::new(), rope);
+    loop {
+        let next = g.only_reader(at)?;
+        match g.node(next).op {
+            Op::Reshape { .. } if !g.is_output(next) => skipped.push(next),
+            Op::HadamardFp4 { fp4 } => return Some(RopeHadamardChain { skipped, hadamard: next, fp4 }),
+            _ => return None,
+        }
+        at = next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +121,25 @@ mod tests {
             }
         }
         assert_eq!((q, kv), (model.hp.n_layer, model.hp.n_layer));
+    }
+
+    /// On the tiny golden model: a RoPE-Hadamard chain at every CSA layer's indexer query
+    /// RoPE (ending at its FP4 Hadamard), and none at a RoPE that a norm chain makes.
+    #[test]
+    fn tiny_model_chains_the_indexer_query_rope_to_its_hadamard() {
+        let model = crate::cuda::tiny_q2();
+        let g = &model.graph;
+        let mut found = 0;
+        for id in g.order() {
+            let Some(c) = hadamard_after(g, id) else { continue };
+            assert!(matches!(g.node(c.hadamard).op, Op::HadamardFp4 { fp4: true }), "{}", g.node(id).label);
+            assert!(c.skipped.iter().all(|&s| matches!(g.node(s).op, Op::Reshape { .. })));
+            let norm_made = g.order().into_iter().any(|n| chain_at(g, n).is_some_and(|nc| nc.rope == id));
+            if !norm_made {
+                found += 1;
+            }
+        }
+        let csa = model.hp.compress_ratios.iter().filter(|&&r| r == 4).count();
+        assert!(csa > 0 && found == csa, "{found} indexer query chains for {csa} CSA layers");
     }
 }
