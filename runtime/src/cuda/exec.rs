@@ -447,9 +447,9 @@ impl GpuExecutor<'_> {
             && self.kernels.by_name.contains_key(cuda_norm_rope::ROPE_HADAMARD)
             && hd == cuda_norm_rope::HADAMARD_N
             && n_rot <= hd
-            && n_rot % 2 == 0
-            && x.ptr() % 16 == 0
-            && x.len % hd == 0
+            && n_rot.is_multiple_of(2)
+            && x.ptr().is_multiple_of(16)
+            && x.len.is_multiple_of(hd)
     }
 
     /// The attention merge and the inverse RoPE after it (node `rope`, which the plan pairs
