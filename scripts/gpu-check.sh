@@ -118,6 +118,33 @@ fi
 "$CARRY/cuda_kernels" --nocapture --test-threads=1 > "$OUT/kernels.log" 2>&1; rc_kernels=$?
 "$CARRY/cuda_golden" --nocapture --test-threads=1 > "$OUT/golden.log" 2>&1; rc_golden=$?
 
+# `ds4 serve --backend $1` on the embedded default: two identical chat requests at
+# temperature 0 over HTTP (python3's urllib), the same text back.
+serve_check() {
+    local err="$OUT/serve-$1.err" addr="" pid
+    "$CARRY/ds4" serve --backend "$1" --port 0 2> "$err" &
+    pid=$!
+    for _ in $(seq 300); do
+        addr=$(grep -o "listening on http://[^ ]*" "$err" | head -1 | sed 's|listening on ||')
+        [ -n "$addr" ] || ! kill -0 $pid 2>/dev/null && break
+        sleep 1
+    done
+    if [ -z "$addr" ]; then echo "serve $1: did not start"; cat "$err"; kill $pid 2>/dev/null; return 1; fi
+    python3 - "$addr" "$1" <<'PY'
+import json, sys, urllib.request
+url, backend = sys.argv[1] + "/v1/chat/completions", sys.argv[2]
+body = json.dumps({"model": "ds4", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 12, "temperature": 0, "reasoning_effort": "none"}).encode()
+texts = []
+for _ in range(2):
+    with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=600) as r:
+        texts.append(json.load(r)["choices"][0]["message"]["content"])
+print(f"serve {backend}: {texts[0]!r}")
+print("serve: same text" if texts[0] == texts[1] else "serve: DIFFERENT text")
+PY
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+    return 0
+}
+
 {
     echo "== ds4 gen --target cuda-sm90 (tiny-q4)"
     "$CARRY/ds4" gen --target cuda-sm90 --model "$M/tiny-q4/model.gguf" --out "$OUT/gen" && ls "$OUT/gen" | wc -l
@@ -126,8 +153,10 @@ fi
     c=$("$CARRY/ds4" run --backend cpu --model "$M/tiny-f32/model.gguf" --tokens 1,2,3,4,5 -n 12 --ids)
     echo "cuda: $g"; echo "cpu:  $c"
     [ "$g" = "$c" ] && echo "run: same ids" || echo "run: DIFFERENT ids"
+    echo "== ds4 serve --backend cuda (embedded default, two requests at temperature 0)"
+    serve_check cuda
 } > "$OUT/cli.log" 2>&1; rc_cli=$?
-grep -q "run: same ids" "$OUT/cli.log" || rc_cli=1
+grep -q "run: same ids" "$OUT/cli.log" && grep -q "serve: same text" "$OUT/cli.log" || rc_cli=1
 cp "$OUT/gen/manifest.json" "$OUT/manifest.json" 2>/dev/null; rm -rf "$OUT/gen"
 
 {
@@ -156,7 +185,7 @@ status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
     echo "-----------------------------------------------------------------"
     printf "%-28s %s\n" "kernel parity (cuda_kernels)" "$(status $rc_kernels)" \
         "tiny models (cuda_golden)" "$(status $rc_golden)" \
-        "cli gen/run" "$(status $rc_cli)" \
+        "cli gen/run/serve" "$(status $rc_cli)" \
         "bench" "$(status $rc_bench)" \
         "quant kernel bench" "$(status $rc_kbench)" \
         "full-size bench" "$(status $rc_full)"

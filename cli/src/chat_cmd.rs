@@ -43,6 +43,9 @@ pub struct ChatArgs {
     /// Prefill batch size.
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
+    /// Where the model runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ds4_runtime::cuda::BackendKind,
 }
 
 fn parse_think(s: &str) -> Result<ThinkMode, String> {
@@ -84,13 +87,17 @@ impl Interrupt {
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let tm = load_text_model(a.model.as_deref())?;
+    let cuda = match a.backend {
+        ds4_runtime::cuda::BackendKind::Cpu => None,
+        ds4_runtime::cuda::BackendKind::Cuda => Some(ds4_runtime::cuda::CudaBackend::new(&tm.model, &Default::default()).context("--backend cuda")?),
+    };
     let interrupt = Interrupt::install()?;
     let mut chat = Chat {
         tm: &tm,
         // The template drops the reasoning of earlier turns, so the next prompt parts from
         // what was fed at the start of the last reply: keep enough state to rewind a
         // whole reply instead of feeding the conversation again (capped: it costs memory).
-        gen: Generator::with_options(&tm, a.chunk, SessionOptions { max_rewind: (a.n + 16).min(4096), ..Default::default() }),
+        gen: Generator::on(&tm, a.chunk, SessionOptions { max_rewind: (a.n + 16).min(4096), ..Default::default() }, cuda),
         history: a.system.iter().map(Message::system).collect(),
         think: a.think,
         sampler: SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed },

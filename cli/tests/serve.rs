@@ -24,6 +24,11 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::try_start(extra).unwrap_or_else(|(code, log)| panic!("ds4 serve did not start (exit {code:?}): {log}"))
+    }
+
+    /// A server, or the exit code and log of one that did not start.
+    fn try_start(extra: &[&str]) -> Result<Server, (Option<i32>, String)> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ds4"))
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
@@ -45,8 +50,16 @@ impl Server {
                 log2.lock().unwrap().push_str(&(line + "\n"));
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("ds4 serve did not start: {}", log.lock().unwrap()));
-        Server { child, addr, log }
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(addr) => Ok(Server { child, addr, log }),
+            // The server ended (or never listened): its exit code and log.
+            Err(_) => {
+                let _ = child.kill();
+                let code = child.wait().ok().and_then(|s| s.code());
+                let log = log.lock().unwrap().clone();
+                Err((code, log))
+            }
+        }
     }
 
     fn log(&self) -> String {
@@ -268,6 +281,29 @@ fn health_models_and_chat_streamed_and_not() {
     let (cs, done) = chunks(&s.post("/v1/completions", &scbody).events());
     assert!(done);
     assert_eq!(stream_text(&cs).0, v["choices"][0]["text"].as_str().unwrap());
+}
+
+/// `--backend cuda`: without a CUDA device a clear error and exit code 1; with one, the
+/// requests run on the GPU, deterministic at temperature 0.
+#[test]
+fn serve_on_cuda_answers_or_says_why_not() {
+    match Server::try_start(&["--backend", "cuda"]) {
+        Err((code, log)) => {
+            assert_eq!(code, Some(1), "exit {code:?} (a panic exits 101): {log}");
+            assert!(log.contains("--backend cuda"), "{log}");
+            // Past the harness's capture (it takes eprint!, not the stream), as the GPU tests say it.
+            let _ = writeln!(std::io::stderr(), "skipped: no CUDA device ({})", log.lines().last().unwrap_or(""));
+        }
+        Ok(s) => {
+            assert!(s.log().contains("cuda backend on"), "{}", s.log());
+            let body = chat_body("Hello!", 12, json!({ "reasoning_effort": "none" }));
+            let (a, b) = (s.post("/v1/chat/completions", &body), s.post("/v1/chat/completions", &body));
+            assert_eq!((a.status, b.status), (200, 200), "{} / {}", a.text(), b.text());
+            let content = |r: &Resp| r.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+            assert_eq!(content(&a), content(&b), "temperature 0 on the GPU");
+            assert!(a.json()["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+        }
+    }
 }
 
 #[test]

@@ -2,14 +2,17 @@
 //! then sample one token at a time until end of sequence, a limit, the caller's "stop",
 //! or cancellation.
 //!
-//! A `Generator` owns one `Session`. The server makes one per request, so requests share
-//! nothing mutable; the chat keeps one for the whole conversation and, on each turn,
-//! feeds only what follows the longest prefix it has already fed.
+//! A `Generator` owns one session (on the CPU, or on a CUDA backend that the server loads
+//! once). The server makes one per request, so requests share nothing mutable; the chat
+//! keeps one for the whole conversation and, on each turn, feeds only what follows the
+//! longest prefix it has already fed.
 
 use crate::text_model::TextModel;
 use anyhow::Result;
 use ds4_runtime::sample::{Sampler, SamplerOptions};
-use ds4_runtime::{Session, SessionOptions};
+use ds4_runtime::cuda::{AnySession, CudaBackend};
+use ds4_runtime::SessionOptions;
+use std::sync::Arc;
 
 /// Whether the caller wants more tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +53,9 @@ pub struct Outcome {
 
 pub struct Generator<'m> {
     tm: &'m TextModel,
-    session: Session<'m, f32>,
+    session: AnySession<'m>,
+    /// The GPU the session runs on (none: the CPU).
+    cuda: Option<Arc<CudaBackend<'m>>>,
     /// Exactly the tokens the session has been fed, in order.
     fed: Vec<u32>,
     /// Prefill batch size. Only the last row of each batch's logits is kept, so this
@@ -59,19 +64,16 @@ pub struct Generator<'m> {
 }
 
 impl<'m> Generator<'m> {
-    pub fn new(tm: &'m TextModel, chunk: usize) -> Self {
-        Self::with_options(tm, chunk, SessionOptions::default())
-    }
-
-    /// `opts.max_rewind` bounds how far back a later prompt may part from what was fed
-    /// and still reuse the rest; past it, the whole prompt is fed again.
-    pub fn with_options(tm: &'m TextModel, chunk: usize, opts: SessionOptions) -> Self {
-        Generator { tm, session: Session::new(&tm.model, opts), fed: Vec::new(), chunk: chunk.max(1) }
+    /// A generator on the CPU, or on `cuda`'s GPU where given. `opts.max_rewind` bounds how
+    /// far back a later prompt may part from what was fed and still reuse the rest; past
+    /// it, the whole prompt is fed again.
+    pub fn on(tm: &'m TextModel, chunk: usize, opts: SessionOptions, cuda: Option<Arc<CudaBackend<'m>>>) -> Self {
+        Generator { tm, session: AnySession::on(&tm.model, cuda.as_ref(), opts), cuda, fed: Vec::new(), chunk: chunk.max(1) }
     }
 
     /// Forget everything fed so far.
     pub fn reset(&mut self) {
-        self.session = Session::new(&self.tm.model, self.session.options().clone());
+        self.session = AnySession::on(&self.tm.model, self.cuda.as_ref(), self.session.options().clone());
         self.fed.clear();
     }
 

@@ -36,7 +36,7 @@ pub fn run(state: &State, id: &str, req: GenRequest, sink: Box<dyn Sink>) {
     let tm = state.tm;
     let sink = RefCell::new(sink);
     let mut output = Output::new(&tm.tok, req.output);
-    let mut gen = Generator::new(tm, state.chunk);
+    let mut gen = Generator::on(tm, state.chunk, Default::default(), state.cuda.clone());
     let cancelled = || state.stopping.load(Ordering::Relaxed) || sink.borrow().closed();
     let mut emit = |p| sink.borrow_mut().piece(p);
     let result = gen.generate(&req.prompt, &req.params, &cancelled, &mut |_, _| {}, &mut |t| output.push(t, &mut emit));

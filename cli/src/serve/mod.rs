@@ -1,9 +1,12 @@
-//! `ds4 serve [--model M] [--host H] [--port P]`: an OpenAI-compatible HTTP server.
+//! `ds4 serve [--model M] [--host H] [--port P] [--backend cpu|cuda]`: an OpenAI-compatible
+//! HTTP server.
 //!
-//! Each generation request gets its own `Session` on a blocking thread, so requests
-//! share nothing mutable; `--parallel` bounds how many run at once (the rest queue).
-//! The model is loaded once and leaked: it lives as long as the process, and every
-//! session borrows it for `'static`.
+//! Each generation request gets its own session on a blocking thread, so requests share
+//! nothing mutable; `--parallel` bounds how many run at once (the rest queue). The model
+//! (and with `--backend cuda` its kernels and device weights) is loaded once and leaked:
+//! it lives as long as the process, and every session borrows it for `'static`. On CUDA
+//! the requests' sessions share the device (their decode steps take turns in its launch
+//! queue; `cuda_golden` holds two at once to their logits alone).
 
 mod error;
 pub mod generate;
@@ -53,6 +56,9 @@ pub struct ServeArgs {
     /// On SIGTERM / SIGINT, seconds to let running generations finish before they are cut.
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_timeout: f64,
+    /// Where the model runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ds4_runtime::cuda::BackendKind,
 }
 
 fn parse_think(s: &str) -> Result<ThinkMode, String> {
@@ -70,6 +76,8 @@ pub struct Stats {
 /// What every request handler shares; nothing in it belongs to one request.
 pub struct State {
     pub tm: &'static TextModel,
+    /// The GPU the sessions run on (`--backend cuda`), loaded once.
+    pub cuda: Option<Arc<ds4_runtime::cuda::CudaBackend<'static>>>,
     pub defaults: Defaults,
     pub chunk: usize,
     pub max_body: usize,
@@ -88,8 +96,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
     anyhow::ensure!(a.shutdown_timeout >= 0.0, "--shutdown-timeout must not be negative");
     let tm: &'static TextModel = Box::leak(Box::new(load_text_model(a.model.as_deref())?));
+    let cuda = match a.backend {
+        ds4_runtime::cuda::BackendKind::Cpu => None,
+        ds4_runtime::cuda::BackendKind::Cuda => {
+            let b = ds4_runtime::cuda::CudaBackend::new(&tm.model, &Default::default()).context("--backend cuda")?;
+            eprintln!("ds4 serve: cuda backend on {}", b.describe());
+            Some(b)
+        }
+    };
     let state = Arc::new(State {
         tm,
+        cuda,
         defaults: Defaults { think: a.think, max_tokens: a.max_tokens },
         chunk: a.chunk.max(1),
         max_body: a.max_body,

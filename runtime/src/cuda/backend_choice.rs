@@ -3,6 +3,7 @@
 use super::session::{CudaBackend, CudaOptions, CudaSession};
 use crate::session::{Model, ModelError, Session, SessionOptions};
 use std::fmt;
+use std::sync::Arc;
 use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,6 +51,30 @@ impl<'m> AnySession<'m> {
                 AnySession::Cuda(CudaSession::new(b, opts))
             }
         })
+    }
+
+    /// A session of `model` on the CPU, or on `cuda`'s GPU (a backend loaded once and
+    /// shared by many sessions: a server's requests).
+    pub fn on(model: &'m Model, cuda: Option<&Arc<CudaBackend<'m>>>, opts: SessionOptions) -> AnySession<'m> {
+        match cuda {
+            None => AnySession::Cpu(Session::new(model, opts)),
+            Some(b) => AnySession::Cuda(CudaSession::new(b.clone(), opts)),
+        }
+    }
+
+    /// Feeds tokens and returns the last one's logits ([vocab]).
+    pub fn feed_last(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        match self {
+            AnySession::Cpu(s) => s.feed_last(ids),
+            AnySession::Cuda(s) => s.feed_last(ids),
+        }
+    }
+
+    pub fn options(&self) -> &SessionOptions {
+        match self {
+            AnySession::Cpu(s) => s.options(),
+            AnySession::Cuda(s) => s.options(),
+        }
     }
 
     pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
