@@ -2,8 +2,8 @@
 
 use crate::common::load_model;
 use anyhow::Result;
-use ds4_runtime::cuda::{AnySession, BackendKind, CudaBackend, CudaOptions, CudaSession, Placement};
-use ds4_runtime::{Session, SessionOptions};
+use ds4_runtime::cuda::{AnySession, BackendKind, CudaOptions, Placement};
+use ds4_runtime::SessionOptions;
 use ds4_model::gguf::GgufFile;
 use ds4_model::synthetic::{build_writer, RealLayout, SynthConfig};
 use ds4_runtime::traffic::decode_weight_bytes;
@@ -73,15 +73,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let vocab = model.hp.vocab as u32;
     // One CUDA backend (kernels compiled, weights uploaded) for every measurement.
-    let cuda = match a.backend {
-        BackendKind::Cpu => None,
-        BackendKind::Cuda => {
-            let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
-            let b = CudaBackend::new(&model, &CudaOptions { placement, generate })?;
-            eprintln!("ds4 bench: cuda backend on {}", b.describe());
-            Some(b)
-        }
-    };
+    let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
+    let cuda = a.backend.load(&model, &CudaOptions { placement, generate })?;
     eprintln!("ds4 bench: model ready in {:.1} s", t_load.elapsed().as_secs_f64());
     // The roofline: weight bytes per decoded token over the measured copy bandwidth.
     let step_bytes = decode_weight_bytes(&model.graph_last, &model.weights);
@@ -96,10 +89,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let n = n as usize;
         // A deterministic prompt of in-vocabulary ids.
         let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 1) % vocab).collect();
-        let mut s = match &cuda {
-            None => AnySession::Cpu(Session::new(&model, SessionOptions::default())),
-            Some(b) => AnySession::Cuda(CudaSession::new(b.clone(), SessionOptions::default())),
-        };
+        let mut s = AnySession::on(&model, cuda.as_ref(), SessionOptions::default());
         let t0 = Instant::now();
         let logits = s.prefill_last(&ids, a.chunk)?;
         let pt = t0.elapsed().as_secs_f64();

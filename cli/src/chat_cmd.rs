@@ -87,10 +87,7 @@ impl Interrupt {
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let tm = load_text_model(a.model.as_deref())?;
-    let cuda = match a.backend {
-        ds4_runtime::cuda::BackendKind::Cpu => None,
-        ds4_runtime::cuda::BackendKind::Cuda => Some(ds4_runtime::cuda::CudaBackend::new(&tm.model, &Default::default()).context("--backend cuda")?),
-    };
+    let cuda = a.backend.load(&tm.model, &Default::default()).context("--backend cuda")?;
     let interrupt = Interrupt::install()?;
     let mut chat = Chat {
         tm: &tm,

@@ -48,6 +48,11 @@ fn cuda_only(target: Target, source: fn() -> String) -> Option<String> {
     target.is_cuda().then(source)
 }
 
+/// A kernel that asks for no dynamic shared memory (and states none).
+fn unshared(name: &'static str, params: TextParams, threads: u32, launch: String, source: fn(Target) -> Option<String>) -> TextKernel {
+    TextKernel { name, params, threads, dyn_shared: 0, launch, manifest_shared: 0, source }
+}
+
 /// A form of `matvec_dense_q8_0_r` (`cuda_matvec_dense::FORMS`) for rows of `k` values.
 fn dense_kernel(form: &cuda_matvec_dense::Dense, source: fn(Target) -> Option<String>, k: String) -> TextKernel {
     TextKernel {
@@ -78,15 +83,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
             source: cuda_attention::source,
         },
-        TextKernel {
-            name: cuda_attention_merge::NAME,
-            params: TextParams::Contract(cuda_attention_merge::contract()),
-            threads: cuda_attention_merge::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS),
-            manifest_shared: 0,
-            source: cuda_attention_merge::source,
-        },
+        unshared(cuda_attention_merge::NAME, TextParams::Contract(cuda_attention_merge::contract()), cuda_attention_merge::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS), cuda_attention_merge::source),
         TextKernel {
             name: cuda_attention_merge::ROPE_NAME,
             params: TextParams::Own(cuda_attention_merge::rope_params()),
@@ -96,15 +93,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
             source: |t| cuda_only(t, cuda_attention_merge::rope_source),
         },
-        TextKernel {
-            name: cuda_hc_mix::NAME,
-            params: TextParams::Contract(cuda_hc_mix::contract()),
-            threads: cuda_hc_mix::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH),
-            manifest_shared: 0,
-            source: cuda_hc_mix::source,
-        },
+        unshared(cuda_hc_mix::NAME, TextParams::Contract(cuda_hc_mix::contract()), cuda_hc_mix::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH), cuda_hc_mix::source),
         TextKernel {
             name: cuda_top_k::NAME,
             params: TextParams::Contract(cuda_top_k::contract()),
@@ -123,15 +112,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_top_k_radix::MAX_SHARED_BYTES,
             source: cuda_top_k_radix::source,
         },
-        TextKernel {
-            name: cuda_top_k_radix::ROWS_NAME,
-            params: TextParams::Contract(cuda_top_k::contract()),
-            threads: cuda_top_k_radix::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_k\": {}, \"order\": \"rows\"", cuda_top_k_radix::THREADS, cuda_top_k_radix::MAX_K),
-            manifest_shared: 0,
-            source: cuda_top_k_radix::rows_source,
-        },
+        unshared(cuda_top_k_radix::ROWS_NAME, TextParams::Contract(cuda_top_k::contract()), cuda_top_k_radix::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_k\": {}, \"order\": \"rows\"", cuda_top_k_radix::THREADS, cuda_top_k_radix::MAX_K), cuda_top_k_radix::rows_source),
         TextKernel {
             name: cuda_indexer_scores::NAME,
             params: TextParams::Own(cuda_indexer_scores::params()),
@@ -145,15 +126,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
             source: |t| cuda_only(t, cuda_indexer_scores::source),
         },
-        TextKernel {
-            name: cuda_hc_pre::NAME,
-            params: TextParams::Own(cuda_hc_pre::params()),
-            threads: cuda_hc_pre::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_hc_pre::source),
-        },
+        unshared(cuda_hc_pre::NAME, TextParams::Own(cuda_hc_pre::params()), cuda_hc_pre::THREADS, format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS), |t| cuda_only(t, cuda_hc_pre::source)),
         TextKernel {
             name: cuda_router::NAME,
             params: TextParams::Own(cuda_router::params()),
@@ -172,42 +145,10 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_router::MAX_SHARED_BYTES,
             source: cuda_router::with_digits_source,
         },
-        TextKernel {
-            name: cuda_argmax::NAME,
-            params: TextParams::Own(cuda_argmax::params()),
-            threads: cuda_argmax::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[rows, 1, 1]\", \"block\": [{}, 1, 1]", cuda_argmax::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_argmax::source),
-        },
-        TextKernel {
-            name: cuda_copy::NAME,
-            params: TextParams::Own(cuda_copy::params()),
-            threads: cuda_copy::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[{}, copies ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_copy::BLOCKS_A_SPAN, cuda_copy::MAX_SPANS, cuda_copy::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_copy::source),
-        },
-        TextKernel {
-            name: cuda_digits::X_DIGITS,
-            params: TextParams::Own(cuda_digits::x_digits_params()),
-            threads: cuda_digits::X_THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS),
-            manifest_shared: 0,
-            source: cuda_digits::x_digits_source,
-        },
-        TextKernel {
-            name: cuda_digits::MATVEC_IQ2_XXS,
-            params: TextParams::Own(cuda_digits::matvec_params()),
-            threads: cuda_digits::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_digits::matvec_source),
-        },
+        unshared(cuda_argmax::NAME, TextParams::Own(cuda_argmax::params()), cuda_argmax::THREADS, format!("\"grid\": \"[rows, 1, 1]\", \"block\": [{}, 1, 1]", cuda_argmax::THREADS), |t| cuda_only(t, cuda_argmax::source)),
+        unshared(cuda_copy::NAME, TextParams::Own(cuda_copy::params()), cuda_copy::THREADS, format!("\"grid\": \"[{}, copies ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_copy::BLOCKS_A_SPAN, cuda_copy::MAX_SPANS, cuda_copy::THREADS), |t| cuda_only(t, cuda_copy::source)),
+        unshared(cuda_digits::X_DIGITS, TextParams::Own(cuda_digits::x_digits_params()), cuda_digits::X_THREADS, format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS), cuda_digits::x_digits_source),
+        unshared(cuda_digits::MATVEC_IQ2_XXS, TextParams::Own(cuda_digits::matvec_params()), cuda_digits::THREADS, format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS), |t| cuda_only(t, cuda_digits::matvec_source)),
         TextKernel {
             name: cuda_digits::MATVEC_Q2_K,
             params: TextParams::Own(cuda_digits::down_params()),
@@ -217,15 +158,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_digits::down_shared_bytes(),
             source: |t| cuda_only(t, cuda_digits::down_source),
         },
-        TextKernel {
-            name: cuda_f16_vec::NAME,
-            params: TextParams::Own(cuda_f16_vec::params()),
-            threads: cuda_f16_vec::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_f16_vec::source),
-        },
+        unshared(cuda_f16_vec::NAME, TextParams::Own(cuda_f16_vec::params()), cuda_f16_vec::THREADS, format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS), |t| cuda_only(t, cuda_f16_vec::source)),
         dense_kernel(&cuda_matvec_dense::DENSE, cuda_matvec_dense::source, format!("> {}", cuda_matvec_dense::SHORT_MAX_K)),
         dense_kernel(&cuda_matvec_dense::SHORT, cuda_matvec_dense::short_source, format!("<= {}", cuda_matvec_dense::SHORT_MAX_K)),
         TextKernel {
@@ -237,24 +170,8 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_norm_rope::shared_bytes(cuda_norm_rope::MAX_N),
             source: cuda_norm_rope::source,
         },
-        TextKernel {
-            name: cuda_norm_rope::ROPE_HADAMARD,
-            params: TextParams::Own(cuda_norm_rope::rope_hadamard_params()),
-            threads: cuda_norm_rope::ROPE_HADAMARD_THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(rows / {}), 1, 1]\", \"block\": [{}, 1, 1], \"n\": {}", cuda_norm_rope::ROPE_HADAMARD_THREADS / 32, cuda_norm_rope::ROPE_HADAMARD_THREADS, cuda_norm_rope::HADAMARD_N),
-            manifest_shared: 0,
-            source: cuda_norm_rope::rope_hadamard_source,
-        },
-        TextKernel {
-            name: cuda_split::NAME,
-            params: TextParams::Own(cuda_split::params()),
-            threads: cuda_split::THREADS,
-            dyn_shared: 0,
-            launch: format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", 16 * cuda_split::THREADS, cuda_split::THREADS),
-            manifest_shared: 0,
-            source: |t| cuda_only(t, cuda_split::source),
-        },
+        unshared(cuda_norm_rope::ROPE_HADAMARD, TextParams::Own(cuda_norm_rope::rope_hadamard_params()), cuda_norm_rope::ROPE_HADAMARD_THREADS, format!("\"grid\": \"[ceil(rows / {}), 1, 1]\", \"block\": [{}, 1, 1], \"n\": {}", cuda_norm_rope::ROPE_HADAMARD_THREADS / 32, cuda_norm_rope::ROPE_HADAMARD_THREADS, cuda_norm_rope::HADAMARD_N), cuda_norm_rope::rope_hadamard_source),
+        unshared(cuda_split::NAME, TextParams::Own(cuda_split::params()), cuda_split::THREADS, format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", 16 * cuda_split::THREADS, cuda_split::THREADS), |t| cuda_only(t, cuda_split::source)),
     ]
 }
 

@@ -96,14 +96,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
     anyhow::ensure!(a.shutdown_timeout >= 0.0, "--shutdown-timeout must not be negative");
     let tm: &'static TextModel = Box::leak(Box::new(load_text_model(a.model.as_deref())?));
-    let cuda = match a.backend {
-        ds4_runtime::cuda::BackendKind::Cpu => None,
-        ds4_runtime::cuda::BackendKind::Cuda => {
-            let b = ds4_runtime::cuda::CudaBackend::new(&tm.model, &Default::default()).context("--backend cuda")?;
-            eprintln!("ds4 serve: cuda backend on {}", b.describe());
-            Some(b)
-        }
-    };
+    let cuda = a.backend.load(&tm.model, &Default::default()).context("--backend cuda")?;
     let state = Arc::new(State {
         tm,
         cuda,

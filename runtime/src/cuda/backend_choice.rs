@@ -39,18 +39,26 @@ pub enum AnySession<'m> {
     Cuda(CudaSession<'m>),
 }
 
+impl BackendKind {
+    /// The GPU backend of `model` for `cuda` (its kernels compiled, its weights uploaded;
+    /// said on stderr), or none for the CPU: what sessions of either kind run on.
+    pub fn load<'m>(self, model: &'m Model, cuda: &CudaOptions) -> Result<Option<Arc<CudaBackend<'m>>>, ModelError> {
+        match self {
+            BackendKind::Cpu => Ok(None),
+            BackendKind::Cuda => {
+                let b = CudaBackend::new(model, cuda)?;
+                eprintln!("ds4: cuda backend on {}", b.describe());
+                Ok(Some(b))
+            }
+        }
+    }
+}
+
 impl<'m> AnySession<'m> {
     /// A session of `model` on `kind` (for CUDA: compiles the kernels and uploads the
     /// weights first; one backend per session).
     pub fn open(model: &'m Model, kind: BackendKind, opts: SessionOptions, cuda: &CudaOptions) -> Result<AnySession<'m>, ModelError> {
-        Ok(match kind {
-            BackendKind::Cpu => AnySession::Cpu(Session::new(model, opts)),
-            BackendKind::Cuda => {
-                let b = CudaBackend::new(model, cuda)?;
-                eprintln!("ds4: cuda backend on {}", b.describe());
-                AnySession::Cuda(CudaSession::new(b, opts))
-            }
-        })
+        Ok(AnySession::on(model, kind.load(model, cuda)?.as_ref(), opts))
     }
 
     /// A session of `model` on the CPU, or on `cuda`'s GPU (a backend loaded once and

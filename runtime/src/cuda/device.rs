@@ -401,6 +401,11 @@ impl MappedI32 {
         self.ptr
     }
 
+    /// How many values.
+    pub fn count(&self) -> usize {
+        self.len
+    }
+
     /// Value `i` as the device last wrote it (after a [`Marker`] past the writing kernel).
     pub fn get(&self, i: usize) -> i32 {
         assert!(i < self.len, "mapped value {i} of {}", self.len);

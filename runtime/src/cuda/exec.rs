@@ -7,7 +7,7 @@
 
 use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
-use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf};
+use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf, MappedI32};
 use super::device_log::DeviceLog;
 use super::fusion_plan::{self, Branch, FusionPlan};
 use super::x_parts::{self, XParts};
@@ -437,19 +437,28 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
-    /// Whether RoPE node `rope` (rows of `hd`, the last `n_rot` rotated, over `x`) and the
-    /// Hadamard transform after it run as one `rope_hadamard_fp4` launch: a chain there
-    /// (`norm_rope::hadamard_after`), rows of the transform's 128, aligned x.
-    /// `DS4_ROPE_HADAMARD=0` turns it off.
-    fn rope_hadamard_fits(&self, rope: ds4_ir::NodeId, x: &DevSlice, hd: usize, n_rot: usize) -> bool {
-        !switched_off!("DS4_ROPE_HADAMARD")
-            && self.plan.rope_hadamard(rope).is_some()
-            && self.kernels.by_name.contains_key(cuda_norm_rope::ROPE_HADAMARD)
-            && hd == cuda_norm_rope::HADAMARD_N
-            && n_rot <= hd
-            && n_rot.is_multiple_of(2)
-            && x.ptr().is_multiple_of(16)
-            && x.len.is_multiple_of(hd)
+    /// RoPE node `rope` (rows of `hd`, `heads` a token, the last `n_rot` rotated, over `x`)
+    /// and the Hadamard transform after it (`norm_rope::hadamard_after`) as one
+    /// `rope_hadamard_fp4` launch where it can run so (rows of the transform's 128, aligned
+    /// x; `DS4_ROPE_HADAMARD=0` turns it off): the values it makes ahead of their nodes
+    /// (the reshapes none, the transform's).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_hadamard(&self, rope: ds4_ir::NodeId, x: &DevSlice, n_out: usize, heads: usize, hd: usize, n_rot: usize, bind: Bind) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        let Some(c) = self.plan.rope_hadamard(rope) else { return Ok(None) };
+        let fits = hd == cuda_norm_rope::HADAMARD_N && n_rot <= hd && n_rot.is_multiple_of(2) && x.ptr().is_multiple_of(16) && n_out.is_multiple_of(hd);
+        if !fits || switched_off!("DS4_ROPE_HADAMARD") || !self.kernels.by_name.contains_key(cuda_norm_rope::ROPE_HADAMARD) {
+            return Ok(None);
+        }
+        let r = self.rope_args(rope, bind)?;
+        let rows = n_out / hd;
+        let out = self.dev.alloc(n_out * 4)?;
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [("out", Arg::Ptr(out.ptr)), ("x", Arg::Ptr(x.ptr())), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("rows", u(rows)), ("heads", u(heads)), ("n_rot", u(n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", Arg::F32(r.sign)), ("fp4", u(c.fp4 as usize))];
+        let k = self.kernels.get(cuda_norm_rope::ROPE_HADAMARD)?;
+        self.call_threads(k, cuda_norm_rope::ROPE_HADAMARD, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), cuda_norm_rope::ROPE_HADAMARD_THREADS, 0, &named)?;
+        let mut made: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
+        made.push((c.hadamard.index(), GVal::F(DevSlice::whole(out, n_out))));
+        Ok(Some(made))
     }
 
     /// The attention merge and the inverse RoPE after it (node `rope`, which the plan pairs
@@ -1166,23 +1175,17 @@ impl GpuExecutor<'_> {
                     // of its channel).
                     self.op_over("hc_expand", n_out, nh * d, (d, op_per_thread()), &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
                 }
-                Op::Rope { n_rot, .. } if self.rope_hadamard_fits(id, fs(0)?, shape[2], *n_rot) => {
-                    // With the Hadamard transform after it, one launch (`rope_hadamard_fp4`).
-                    let (Some(c), r) = (self.plan.rope_hadamard(id), self.rope_args(id, bind)?) else { unreachable!() };
-                    let rows = n_out / cuda_norm_rope::HADAMARD_N;
-                    let out = self.dev.alloc(n_out * 4)?;
-                    let named = [("out", Arg::Ptr(out.ptr)), ("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("rows", u(rows)), ("heads", u(shape[1])), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign)), ("fp4", u(c.fp4 as usize))];
-                    let k = self.kernels.get(cuda_norm_rope::ROPE_HADAMARD)?;
-                    self.call_threads(k, cuda_norm_rope::ROPE_HADAMARD, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), cuda_norm_rope::ROPE_HADAMARD_THREADS, 0, &named)?;
-                    let mut ahead: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
-                    ahead.push((c.hadamard.index(), GVal::F(DevSlice::whole(out, n_out))));
-                    fused(&mut made, ahead)
-                }
                 Op::Rope { n_rot, .. } => {
                     let (heads, hd) = (shape[1], shape[2]);
-                    let r = self.rope_args(id, bind)?;
-                    let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
-                    self.op("rope", n_out, hd, &named)?
+                    // With the Hadamard transform after it, one launch where it can.
+                    match self.rope_hadamard(id, fs(0)?, n_out, heads, hd, *n_rot, bind)? {
+                        Some(ahead) => fused(&mut made, ahead),
+                        None => {
+                            let r = self.rope_args(id, bind)?;
+                            let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
+                            self.op("rope", n_out, hd, &named)?
+                        }
+                    }
                 }
                 Op::Fp8RoundTrip { n_nope } => {
                     let wd = last(0);
@@ -1382,10 +1385,11 @@ impl GpuExecutor<'_> {
             };
             let rows = bind.tokens;
             let n = logits.len / rows.max(1);
-            if rows == 0 || picks.picked.len < rows || picks.host_len < rows || n * rows != logits.len {
+            if rows == 0 || picks.picked.len < rows || picks.at + rows > picks.host.count() || n * rows != logits.len {
                 return Err(ExecError::Internal(format!("greedy picks for {rows} rows of {} logits", logits.len)));
             }
-            let named = [("picked", Arg::Ptr(picks.picked.ptr())), ("picked_host", Arg::Ptr(picks.host)), ("x", Arg::Ptr(logits.ptr())), ("n", u(n))];
+            let host = picks.host.ptr() + 4 * picks.at as u64;
+            let named = [("picked", Arg::Ptr(picks.picked.ptr())), ("picked_host", Arg::Ptr(host)), ("x", Arg::Ptr(logits.ptr())), ("n", u(n))];
             self.call_threads(self.kernels.get(cuda_argmax::NAME)?, cuda_argmax::NAME, (rows as u32, 1, 1), cuda_argmax::THREADS, 0, &named)?;
             return Ok(outs);
         }
@@ -1412,12 +1416,12 @@ pub enum StepIds<'a> {
 }
 
 /// Where a greedy step's picks go: `picked` on the device (i32 a row) and the same values
-/// at `host`, the device address of mapped host memory (`MappedI32`), `host_len` of them.
+/// in mapped host memory, `host` from value `at`.
 #[derive(Clone, Copy)]
 pub struct GreedyPicks<'a> {
     pub picked: &'a DevSlice,
-    pub host: u64,
-    pub host_len: usize,
+    pub host: &'a MappedI32,
+    pub at: usize,
 }
 
 /// Whether decode steps run as CUDA graphs: 0 not yet decided, 1 yes, 2 no.

@@ -332,6 +332,7 @@ fn run_order(g: &Graph, queries: &[Vec<NodeId>], indexed: &[Vec<NodeId>]) -> Vec
 fn joins_of(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
     let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
     let mut joins: Vec<NodeId> = nodes.iter().flat_map(|&n| g.consumers(n)).filter(|c| !inside.contains(c)).collect();
+    joins.sort_by_key(|n| n.index());
     joins.dedup();
     joins
 }

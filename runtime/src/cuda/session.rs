@@ -188,7 +188,7 @@ impl<'m> CudaSession<'m> {
         for k in 0..=n {
             if k < n {
                 let ids = if k == 0 { StepIds::Host(&first) } else { StepIds::Device { ids: &picked[(k - 1) % 2], below: vocab } };
-                let to = GreedyPicks { picked: &picked[k % 2], host: host.ptr() + 4 * (k % 2) as u64, host_len: 1 };
+                let to = GreedyPicks { picked: &picked[k % 2], host: &host, at: k % 2 };
                 let bind = Bind { pos0: self.pos, tokens: 1 };
                 executor(&b, &self.graph, &self.plan).run_greedy(&mut self.state, bind, ids, to)?;
                 self.pos += 1;
