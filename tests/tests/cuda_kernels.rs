@@ -1021,7 +1021,7 @@ fn argmax_rows_picks_what_argmax_picks() {
     let k = ks.get(cuda_argmax::NAME).unwrap();
     let mut r = Rng(seed());
     let (nan, inf) = (f32::NAN, f32::INFINITY);
-    for n in [1usize, 2, 31, 1024, 1025, 4099, 129_280] {
+    for n in [1usize, 2, 31, 1024, 1025, 4099, 33_333, 129_280] {
         let rows = 6;
         let mut x = f32s(&mut r, n * rows, -4.0, 4.0);
         // Row 1: a tie of the largest value, far apart; row 2: NaNs, one at 0; row 3:
