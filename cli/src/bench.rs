@@ -108,6 +108,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         s.decode_greedy(next, a.gen, |_| {
             steps.push(t.elapsed().as_secs_f64());
             t = Instant::now();
+            true
         })?;
         let tps = |d: &[f64]| if d.is_empty() { 0.0 } else { d.len() as f64 / d.iter().sum::<f64>().max(1e-9) };
         let (gen_tps, ss_tps) = (tps(&steps), tps(&steps[steps.len() / 2..]));

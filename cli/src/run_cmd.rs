@@ -86,7 +86,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             emit(next);
             if a.temp <= 0.0 {
                 // Greedy: on CUDA the picks stay on the device, the host a step ahead.
-                s.decode_greedy(next, a.n - 1, &mut emit)?;
+                s.decode_greedy(next, a.n - 1, |t| {
+                    emit(t);
+                    true
+                })?;
             } else {
                 for _ in 1..a.n {
                     let l = s.feed(&[next])?;

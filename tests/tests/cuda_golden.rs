@@ -46,7 +46,12 @@ fn run_prompt_cuda<'m>(b: &Arc<CudaBackend<'m>>, tokens: &[u32], ref_greedy: &[u
     let mut d = CudaSession::new(b.clone(), opts.clone());
     d.feed(tokens).unwrap();
     let mut seen = Vec::new();
-    let piped = d.decode_greedy(greedy[0], greedy.len() - 1, |t| seen.push(t)).unwrap();
+    let piped = d
+        .decode_greedy(greedy[0], greedy.len() - 1, |t| {
+            seen.push(t);
+            true
+        })
+        .unwrap();
     assert_eq!(piped, greedy[1..], "decode_greedy picks other tokens than feed and argmax");
     assert_eq!(seen, piped);
     let mut t = CudaSession::new(b.clone(), opts);
@@ -285,13 +290,43 @@ fn greedy_decode_on_the_device_matches_feed_and_argmax() {
         let after = s.feed(&[tok]).unwrap();
         let mut d = CudaSession::new(b.clone(), SessionOptions::default());
         d.feed(&[1, 5, 9, 2]).unwrap();
-        let got = d.decode_greedy(7, 20, |_| {}).unwrap();
+        let got = d.decode_greedy(7, 20, |_| true).unwrap();
         assert_eq!(got, want, "graphs {graphs}");
         assert_eq!(d.pos(), s.pos() - 1);
         let next = d.feed(&[*got.last().unwrap()]).unwrap();
         assert!(next.iter().zip(&after).all(|(a, b)| a.to_bits() == b.to_bits()), "graphs {graphs}: the logits after differ");
-        assert!(d.decode_greedy(vocab, 3, |_| {}).is_err());
-        assert_eq!(d.decode_greedy(1, 0, |_| {}).unwrap(), Vec::<u32>::new());
+        assert!(d.decode_greedy(vocab, 3, |_| true).is_err());
+        assert_eq!(d.decode_greedy(1, 0, |_| true).unwrap(), Vec::<u32>::new());
+        // Stopped by the caller at the 6th pick (a stop token, a stop string): six picks,
+        // the session fed 7 and the first five (the step queued with the 6th undone), so
+        // feeding the 6th gives what a step at a time gives; at the last pick nothing is
+        // undone.
+        for stop in [6usize, 20] {
+            let mut e = CudaSession::new(b.clone(), SessionOptions::default());
+            e.feed(&[1, 5, 9, 2]).unwrap();
+            let mut seen = 0;
+            let got = e
+                .decode_greedy(7, 20, |_| {
+                    seen += 1;
+                    seen < stop
+                })
+                .unwrap();
+            assert_eq!(got, want[..stop], "graphs {graphs}, stopped at {stop}");
+            assert_eq!(e.pos(), 4 + stop);
+            let next = e.feed(&[want[stop - 1]]).unwrap();
+            // The same feeds a token at a time (a batch of several rounds otherwise).
+            let mut f = CudaSession::new(b.clone(), SessionOptions::default());
+            f.feed(&[1, 5, 9, 2]).unwrap();
+            for &t in [7].iter().chain(&want[..stop - 1]) {
+                f.feed(&[t]).unwrap();
+            }
+            let plain = f.feed(&[want[stop - 1]]).unwrap();
+            assert!(next.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()), "graphs {graphs}, stopped at {stop}: the logits after differ");
+        }
+        // A session that keeps no position to rewind cannot run a step ahead: an error.
+        let mut g = CudaSession::new(b.clone(), SessionOptions { max_rewind: 0, ..Default::default() });
+        g.feed(&[1, 5, 9, 2]).unwrap();
+        assert!(g.decode_greedy(7, 3, |_| true).is_err());
     }
     use_graphs(true);
 }

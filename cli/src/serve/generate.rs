@@ -130,6 +130,10 @@ impl<'m> Generator<'m> {
         let max_tokens = params.max_tokens.min(room);
         let mut sampler = Sampler::new(params.sampler.clone());
         out.finish = Finish::Length;
+        if params.sampler.temperature <= 0.0 && max_tokens > 0 {
+            self.generate_greedy(&logits, max_tokens, params, cancelled, on_token, &mut out)?;
+            return Ok(out);
+        }
         for i in 0..max_tokens {
             if cancelled() {
                 out.finish = Finish::Cancelled;
@@ -152,5 +156,92 @@ impl<'m> Generator<'m> {
             }
         }
         Ok(out)
+    }
+
+    /// The loop of `generate` at temperature 0, through `AnySession::decode_greedy`: the
+    /// same tokens (the arg-max of each step's logits), but on CUDA the picks stay on the
+    /// device and the host queues each step before it hands on the last one. The session is
+    /// left as the loop above leaves it: the prompt and every token but the last.
+    fn generate_greedy(
+        &mut self,
+        logits: &[f32],
+        max_tokens: usize,
+        params: &GenParams,
+        cancelled: &dyn Fn() -> bool,
+        on_token: &mut dyn FnMut(u32) -> Flow,
+        out: &mut Outcome,
+    ) -> Result<()> {
+        // Whether the generation goes on after token `t`, `out` updated as the loop does.
+        let mut take = |t: u32, out: &mut Outcome| {
+            if cancelled() {
+                out.finish = Finish::Cancelled;
+                return false;
+            }
+            out.completion_tokens += 1;
+            if params.stop_ids.contains(&t) {
+                out.finish = Finish::StopToken;
+                return false;
+            }
+            if on_token(t) == Flow::Stop {
+                out.finish = Finish::Caller;
+                return false;
+            }
+            true
+        };
+        let first = ds4_runtime::sample::argmax(logits) as u32;
+        if !take(first, out) || max_tokens == 1 {
+            return Ok(());
+        }
+        let picks = self.session.decode_greedy(first, max_tokens - 1, |t| take(t, out))?;
+        // Fed: `first` and every pick but the last.
+        self.fed.push(first);
+        self.fed.extend_from_slice(&picks[..picks.len().saturating_sub(1)]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text_model::load_text_model;
+
+    /// At temperature 0 `generate` takes `decode_greedy`: its tokens are each step's
+    /// arg-max (a session fed a token at a time), and each way of ending (the length, a stop
+    /// id, the caller) ends where the step-at-a-time loop ends, with the session holding
+    /// the prompt and every token but the last (what the chat's next turn reuses).
+    #[test]
+    fn greedy_generation_is_feed_and_argmax() {
+        let tm = load_text_model(None).unwrap();
+        let prompt = [0u32, 5, 9];
+        let mut s = AnySession::on(&tm.model, None, SessionOptions::default());
+        let mut logits = s.feed_last(&prompt).unwrap();
+        let mut want = Vec::new();
+        for _ in 0..8 {
+            want.push(ds4_runtime::sample::argmax(&logits) as u32);
+            logits = s.feed(&[*want.last().unwrap()]).unwrap();
+        }
+        let fed_then = |n: usize| [&prompt[..], &want[..n]].concat();
+        // A stop id first seen at step j ≥ 2 (the tiny model repeats itself).
+        let j = (2..8).find(|&j| !want[..j].contains(&want[j])).expect("a new token after the second");
+        let cases = [(usize::MAX, vec![], Finish::Length, 8, 8, 7), (3, vec![], Finish::Caller, 3, 3, 2), (usize::MAX, vec![want[j]], Finish::StopToken, j + 1, j, j)];
+        for (stop_after, stop_ids, finish, completion, seen, fed) in cases {
+            let mut g = Generator::on(&tm, 64, SessionOptions::default(), None);
+            let params = GenParams { sampler: SamplerOptions::default(), max_tokens: 8, stop_ids };
+            let mut got = Vec::new();
+            let out = g
+                .generate(&prompt, &params, &|| false, &mut |_, _| {}, &mut |t| {
+                    got.push(t);
+                    if got.len() == stop_after {
+                        Flow::Stop
+                    } else {
+                        Flow::Continue
+                    }
+                })
+                .unwrap();
+            assert_eq!((out.finish, out.completion_tokens), (finish, completion));
+            assert_eq!(got, want[..seen], "{finish:?}");
+            assert_eq!(g.fed, fed_then(fed), "{finish:?}: what the session holds");
+            assert_eq!(g.session.pos(), g.fed.len());
+        }
     }
 }

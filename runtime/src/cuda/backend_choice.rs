@@ -92,21 +92,26 @@ impl<'m> AnySession<'m> {
         }
     }
 
-    /// `n` greedy steps from `first`: the picks, each handed to `on_pick` as it is known. On
-    /// CUDA the picks stay on the device and the host runs a step ahead
-    /// (`CudaSession::decode_greedy`); on the CPU, and with `DS4_PIPELINE=0`, `feed` and
-    /// `sample::argmax` a step at a time. The same tokens either way.
-    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32)) -> Result<Vec<u32>, ModelError> {
+    /// Up to `n` greedy steps from `first`: the picks, each handed to `on_pick` as it is
+    /// known, until `on_pick` says false (that pick the last; the session then holds
+    /// `first` and the picks before it). On CUDA the picks stay on the device and the host
+    /// runs a step ahead (`CudaSession::decode_greedy`); on the CPU, with
+    /// `DS4_PIPELINE=0`, and for sessions that cannot rewind (the step ahead is undone
+    /// where the caller stops), `feed` and `sample::argmax` a step at a time. The same
+    /// tokens and the same session either way.
+    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32) -> bool) -> Result<Vec<u32>, ModelError> {
         if let AnySession::Cuda(s) = self {
-            if !switched_off!("DS4_PIPELINE") {
+            if !switched_off!("DS4_PIPELINE") && s.options().max_rewind > 0 {
                 return s.decode_greedy(first, n, on_pick);
             }
         }
         let (mut picks, mut next) = (Vec::with_capacity(n), first);
         for _ in 0..n {
             next = crate::sample::argmax(&self.feed(&[next])?) as u32;
-            on_pick(next);
             picks.push(next);
+            if !on_pick(next) {
+                break;
+            }
         }
         Ok(picks)
     }

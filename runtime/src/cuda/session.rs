@@ -166,17 +166,23 @@ impl<'m> CudaSession<'m> {
     }
 
     /// Greedy decoding: feeds `first`, then each pick, `n` steps in all, and returns the
-    /// `n` picks, handing each to `on_pick` as it is known. The tokens `feed` and
+    /// `n` picks, handing each to `on_pick` as it is known; where `on_pick` says false it
+    /// stops, that pick the last returned and not fed (the session holds `first` and the
+    /// picks before it, as a step at a time leaves it: the step already queued with it is
+    /// undone, so the session must keep a position to rewind, `max_rewind` ≥ 1). The tokens `feed` and
     /// `sample::argmax` give one step at a time, but each step's logits are picked on the
     /// device (`ds4_codegen::cuda_argmax`) and the next step's embedding reads the pick
     /// there: the host queues step k + 1 before it reads pick k (from mapped host memory,
     /// once a marker after step k has passed), so the GPU does not wait for the host
     /// between steps, and no logits travel.
-    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32)) -> Result<Vec<u32>, ModelError> {
+    pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32) -> bool) -> Result<Vec<u32>, ModelError> {
         let b = self.backend.clone();
         let vocab = b.model.hp.vocab;
         if first as usize >= vocab {
             return Err(ModelError::Session(format!("token id {first} is outside the vocabulary (size {vocab})")));
+        }
+        if n > 0 && self.opts.max_rewind == 0 {
+            return Err(ModelError::Session("greedy decoding a step ahead needs a session that can rewind one position".into()));
         }
         let dev = &b.dev;
         // Two of each: step k writes set k % 2 while step k - 1's is read.
@@ -200,8 +206,16 @@ impl<'m> CudaSession<'m> {
                 if t < 0 || t as usize >= vocab {
                     return Err(ModelError::Session(format!("the device picked token {t} outside the vocabulary (size {vocab})")));
                 }
-                on_pick(t as u32);
                 picks.push(t as u32);
+                if !on_pick(t as u32) {
+                    if k < n {
+                        // Step k, queued before pick k - 1 was known, fed that pick: the
+                        // session goes back to where a step at a time would have stopped.
+                        dev.synchronize()?;
+                        self.rewind(1)?;
+                    }
+                    break;
+                }
             }
         }
         Ok(picks)
