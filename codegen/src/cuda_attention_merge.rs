@@ -129,13 +129,14 @@ pub fn rope_shared_bytes(hd: usize) -> u32 {
     (hd * 4) as u32
 }
 
-/// `attention_merge_rope`'s CUDA source. Launch: grid [items, 1, 1], [`THREADS`] threads,
-/// [`rope_shared_bytes`].
-pub fn rope_source() -> String {
+/// `attention_merge_rope`'s CUDA source (None off CUDA). Launch: grid [items, 1, 1],
+/// [`THREADS`] threads, [`rope_shared_bytes`].
+pub fn rope_source(target: Target) -> Option<String> {
+    let cuda = crate::cuda::Cuda::of(target)?;
     let mut s = format!("// {ROPE_NAME}: attention_merge_warp, then the inverse RoPE of the item's row, in one launch (codegen/src/cuda_attention_merge.rs).\n");
     s.push_str(&format!("\n#define DS4_MAX_CHUNKS {MAX_CHUNKS}u\n"));
     s.push_str(MERGE_ITEM);
-    s.push_str(crate::cuda_norm_rope::ROPE_ROW);
+    s.push_str(&crate::cuda_norm_rope::rope_row(&cuda));
     s.push_str(&format!(
         r#"
 {entry}    extern __shared__ float ds4_row[];
@@ -151,7 +152,7 @@ pub fn rope_source() -> String {
 "#,
         entry = crate::cuda::own_entry(ROPE_NAME, &THREADS.to_string(), &rope_params())
     ));
-    s
+    Some(s)
 }
 
 #[cfg(test)]

@@ -181,7 +181,6 @@ pub fn x_digits_source(target: Target) -> Option<String> {
 /// `router_select_digits` (`cuda_router.rs`) runs it in the blocks after its routing ones.
 pub(crate) fn x_digits_block(target: Target) -> Option<String> {
     let cuda = crate::cuda::Cuda::of(target)?;
-    let swiglu = ds4_ir::kernels::all().into_iter().find(|k| k.name == "swiglu").expect("swiglu is an op kernel");
     Some(format!(
         r#"{helpers}
 // Block `block` of an x_digits launch: its warps' groups of {X_BLOCK} values.
@@ -213,7 +212,7 @@ __device__ __forceinline__ void ds4_x_digits_block(const unsigned long long bloc
     if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
 }}
 "#,
-        helpers = crate::render::render_helpers(&cuda, &swiglu),
+        helpers = crate::render::op_helpers(&cuda, "swiglu"),
         params = crate::quant::cuda::c_params(&x_digits_params()),
     ))
 }

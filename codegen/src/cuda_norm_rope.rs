@@ -8,8 +8,9 @@
 //! row into shared memory (the same loop and block sum as `rms_norm`, launched with the
 //! same threads, so the same floats), rotates the last `n_rot` values there (`rope`'s
 //! arithmetic), and writes the row, after the FP8 round trip of its first `n_nope` values
-//! where asked (`fp8_roundtrip`'s arithmetic, its `e4m3_round` rendered from the op
-//! kernel's IR helper). Bit for bit the chain's output (`cuda_kernels` checks).
+//! where asked (`fp8_roundtrip`'s arithmetic, its `pow2_scale` and `e4m3_round` rendered
+//! from the op kernel's IR helpers, the rotation from `rope`'s). Bit for bit the chain's
+//! output (`cuda_kernels` checks).
 //!
 //! The runtime finds the chains (`runtime/src/cuda/norm_rope.rs`) and runs this kernel at
 //! any number of rows up to [`MAX_N`] values each; `DS4_NORM_ROPE=0` turns it off.
@@ -47,8 +48,12 @@ pub fn params() -> Vec<QParam> {
 }
 
 /// `rope` on a row of `n` values staged in shared memory (its last `n_rot` in pairs, at
-/// position `pos`): the op kernel's floats, shared with `attention_merge_rope`.
-pub(crate) const ROPE_ROW: &str = r#"
+/// position `pos`): the op kernel's floats (its pair rotation rendered from its IR), shared
+/// with `attention_merge_rope`.
+pub(crate) fn rope_row(cuda: &crate::cuda::Cuda) -> String {
+    let mut s = crate::render::op_helpers(cuda, "rope");
+    s.push_str(
+        r#"
 // `rope` on a staged row: its last n_rot values in pairs, at position pos, by the block.
 __device__ __forceinline__ void ds4_rope_row(float* const row, const float* __restrict__ inv_freq, const unsigned long long n, const unsigned long long n_rot, const float pos, const float sign) {
     const unsigned long long nope = n - n_rot;
@@ -58,11 +63,14 @@ __device__ __forceinline__ void ds4_rope_row(float* const row, const float* __re
         const float s = sinf(ang) * sign;
         const float a = row[nope + 2ull * p];
         const float b = row[nope + 2ull * p + 1ull];
-        row[nope + 2ull * p] = a * c - b * s;
-        row[nope + 2ull * p + 1ull] = b * c + a * s;
+        row[nope + 2ull * p] = rotate_first(a, b, c, s);
+        row[nope + 2ull * p + 1ull] = rotate_second(a, b, c, s);
     }
 }
-"#;
+"#,
+    );
+    s
+}
 
 /// Bytes of dynamic shared memory a launch over rows of `n` values needs.
 pub fn shared_bytes(n: usize) -> u32 {
@@ -73,11 +81,10 @@ pub fn shared_bytes(n: usize) -> u32 {
 /// the norm's threads, [`shared_bytes`].
 pub fn source(target: Target) -> Option<String> {
     let cuda = crate::cuda::Cuda::of(target)?;
-    let fp8 = ds4_ir::kernels::all().into_iter().find(|k| k.name == "fp8_roundtrip").expect("fp8_roundtrip is an op kernel");
     let mut s = format!("// {NAME}: an RMS norm, RoPE and the FP8 round trip of a row in one launch (codegen/src/cuda_norm_rope.rs).\n\n");
     s.push_str(crate::cuda::BLOCK_SUM);
-    s.push_str(&crate::render::render_helpers(&cuda, &fp8));
-    s.push_str(ROPE_ROW);
+    s.push_str(&crate::render::op_helpers(&cuda, "fp8_roundtrip"));
+    s.push_str(&rope_row(&cuda));
     s.push_str(&format!(
         r#"
 {entry}    extern __shared__ float ds4_row[];
@@ -112,7 +119,7 @@ pub fn source(target: Target) -> Option<String> {
             for (unsigned long long j = 0; j < 64ull; j++) {{
                 amax = fmaxf(amax, fabsf(ds4_row[b0 + j]));
             }}
-            const float scale = exp2f(ceilf(log2f(amax / 448.0f)));
+            const float scale = pow2_scale(amax, 448.0f);
             const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
             out[i] = e4m3_round(q) * scale;
         }} else {{
@@ -131,12 +138,14 @@ pub fn source(target: Target) -> Option<String> {
 /// were three launches on the critical path of a CSA layer: the projection, `rope` (4.2
 /// µs) and `hadamard_fp4` (7.4 µs: its round trip by four threads, 32 values each in turn,
 /// behind seven barriers). Here a warp takes a row, four values a lane (lane l values 4l ..
-/// 4l + 4): the RoPE's pairs are a lane's own (`ds4_rope_row`'s arithmetic); the
+/// 4l + 4): the RoPE's pairs are a lane's own (`ds4_rope_row`'s arithmetic, its rotation
+/// rendered from `rope`'s IR); the
 /// butterflies of spans 1 and 2 are a lane's, those of 4 to 64 are between lanes
 /// (shuffles: the lower of a pair keeps a + b, the upper a − b, the same two operations on
 /// the same values); then ×1/√128 and, in blocks of 32 (eight lanes), the block's largest
-/// magnitude (a max, in any order) and the round trip (`e2m1_round`, rendered from the op
-/// kernel's IR helper). Bit for bit `rope` then `hadamard_fp4` (`cuda_kernels`).
+/// magnitude (a max, in any order) and the round trip (`pow2_scale` and `e2m1_round`,
+/// rendered from the op kernel's IR helpers). Bit for bit `rope` then `hadamard_fp4`
+/// (`cuda_kernels`).
 pub const ROPE_HADAMARD: &str = "rope_hadamard_fp4";
 /// Values a row (the Hadamard transform's length).
 pub const HADAMARD_N: usize = 128;
@@ -169,9 +178,9 @@ pub fn rope_hadamard_blocks(rows: usize) -> u32 {
 /// [`ROPE_HADAMARD_THREADS`] threads.
 pub fn rope_hadamard_source(target: Target) -> Option<String> {
     let cuda = crate::cuda::Cuda::of(target)?;
-    let had = ds4_ir::kernels::all().into_iter().find(|k| k.name == "hadamard_fp4").expect("hadamard_fp4 is an op kernel");
     let mut s = format!("// {ROPE_HADAMARD}: rope, then hadamard_fp4, of rows of {HADAMARD_N} (codegen/src/cuda_norm_rope.rs).\n\n");
-    s.push_str(&crate::render::render_helpers(&cuda, &had));
+    s.push_str(&crate::render::op_helpers(&cuda, "hadamard_fp4"));
+    s.push_str(&crate::render::op_helpers(&cuda, "rope"));
     s.push_str(&format!(
         r#"
 {entry}    const unsigned int lane = threadIdx.x & 31u;
@@ -191,8 +200,8 @@ pub fn rope_hadamard_source(target: Target) -> Option<String> {
             const float sn = sinf(ang) * sign;
             const float a = v[2u * q];
             const float b = v[2u * q + 1u];
-            v[2u * q] = a * c - b * sn;
-            v[2u * q + 1u] = b * c + a * sn;
+            v[2u * q] = rotate_first(a, b, c, sn);
+            v[2u * q + 1u] = rotate_second(a, b, c, sn);
         }}
     }}
     // `hadamard_fp4`'s butterflies: spans 1 and 2 in the lane, 4 .. 64 across lanes.
@@ -225,7 +234,7 @@ pub fn rope_hadamard_source(target: Target) -> Option<String> {
         for (unsigned int r = 0; r < 4u; r++) amax = fmaxf(amax, fabsf(v[r]));
         #pragma unroll
         for (unsigned int m = 1u; m < 8u; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        const float scale = exp2f(ceilf(log2f(amax / 6.0f)));
+        const float scale = pow2_scale(amax, 6.0f);
         #pragma unroll
         for (unsigned int r = 0; r < 4u; r++) {{
             const float q = fminf(fmaxf(v[r] / scale, -6.0f), 6.0f);

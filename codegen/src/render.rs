@@ -279,6 +279,13 @@ pub fn render_helpers(d: &dyn Dialect, k: &Kernel) -> String {
     r.helpers()
 }
 
+/// The helpers of op kernel `name` (`ds4_ir::kernels`), rendered for `d`: how a kernel
+/// written as target text takes an op's arithmetic from its IR instead of restating it.
+pub fn op_helpers(d: &dyn Dialect, name: &str) -> String {
+    let k = ds4_ir::kernels::all().into_iter().find(|k| k.name == name).unwrap_or_else(|| panic!("{name} is an op kernel"));
+    render_helpers(d, &k)
+}
+
 struct Renderer<'a> {
     d: &'a dyn Dialect,
     k: &'a Kernel,

@@ -91,7 +91,7 @@ pub fn all() -> Vec<TextKernel> {
             dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
             launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}, \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS, cuda_attention_merge::ROPE_MAX_HD),
             manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
-            source: |t| cuda_only(t, cuda_attention_merge::rope_source),
+            source: cuda_attention_merge::rope_source,
         },
         unshared(cuda_hc_mix::NAME, TextParams::Contract(cuda_hc_mix::contract()), cuda_hc_mix::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH), cuda_hc_mix::source),
         TextKernel {

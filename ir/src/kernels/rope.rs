@@ -5,6 +5,18 @@
 //! mult = ratio). `sign = -1` applies the inverse rotation (attention output).
 use crate::real::Real;
 
+/// The first value of the pair (a, b) turned by the angle of cosine `c` and sine `s`.
+#[ds4_macros::kernel_helper]
+fn rotate_first<F: Real>(a: F, b: F, c: F, s: F) -> F {
+    a * c - b * s
+}
+
+/// The second value of the pair (a, b) turned by the angle of cosine `c` and sine `s`.
+#[ds4_macros::kernel_helper]
+fn rotate_second<F: Real>(a: F, b: F, c: F, s: F) -> F {
+    b * c + a * s
+}
+
 #[allow(clippy::too_many_arguments)]
 #[ds4_macros::kernel(out = "hd")]
 pub fn rope<F: Real>(
@@ -32,7 +44,7 @@ pub fn rope<F: Real>(
         let s = ang.sin() * sign;
         let a = x[base + nope + 2 * p];
         let b = x[base + nope + 2 * p + 1];
-        out[nope + 2 * p] = a * c - b * s;
-        out[nope + 2 * p + 1] = b * c + a * s;
+        out[nope + 2 * p] = rotate_first(a, b, c, s);
+        out[nope + 2 * p + 1] = rotate_second(a, b, c, s);
     }
 }

@@ -15,6 +15,13 @@ fn e4m3_round<F: Real>(v: F) -> F {
     (v / step).round_even() * step
 }
 
+/// The power-of-two scale `2^ceil(log2(amax / top))` of a block whose largest magnitude is
+/// `amax`, for a format whose largest value is `top` (448 for E4M3, 6 for E2M1).
+#[ds4_macros::kernel_helper]
+fn pow2_scale<F: Real>(amax: F, top: F) -> F {
+    (amax / top).log2().ceil().exp2()
+}
+
 /// FP8 round trip of the first `n_nope` channels of one row of `w`, in blocks of 64
 /// with a power-of-two scale `2^ceil(log2(amax/448))`, amax floored at 1e-4.
 ///
@@ -34,7 +41,7 @@ pub fn fp8_roundtrip<F: Real>(item: usize, out: &mut [F], x: &[F], w: usize, n_n
             for j in 0..64 {
                 amax = amax.max(x[b0 + j].abs());
             }
-            let scale = (amax / F::from_f64(448.0)).log2().ceil().exp2();
+            let scale = pow2_scale(amax, F::from_f64(448.0));
             let q = (v / scale).max(F::from_f64(-448.0)).min(F::from_f64(448.0));
             out[i] = e4m3_round(q) * scale;
         } else {
@@ -102,7 +109,7 @@ pub fn hadamard_fp4<F: Real>(item: usize, out: &mut [F], x: &[F], fp4: bool) {
             for i in 0..32 {
                 amax = amax.max(out[b * 32 + i].abs());
             }
-            let scale = (amax / F::from_f64(6.0)).log2().ceil().exp2();
+            let scale = pow2_scale(amax, F::from_f64(6.0));
             for i in 0..32 {
                 let v = (out[b * 32 + i] / scale).max(F::from_f64(-6.0)).min(F::from_f64(6.0));
                 out[b * 32 + i] = e2m1_round(v) * scale;
