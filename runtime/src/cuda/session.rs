@@ -168,13 +168,13 @@ impl<'m> CudaSession<'m> {
     /// Greedy decoding: feeds `first`, then each pick, `n` steps in all, and returns the
     /// `n` picks, handing each to `on_pick` as it is known; where `on_pick` says false it
     /// stops, that pick the last returned and not fed (the session holds `first` and the
-    /// picks before it, as a step at a time leaves it: the step already queued with it is
-    /// undone, so the session must keep a position to rewind, `max_rewind` ≥ 1). The tokens `feed` and
-    /// `sample::argmax` give one step at a time, but each step's logits are picked on the
-    /// device (`ds4_codegen::cuda_argmax`) and the next step's embedding reads the pick
-    /// there: the host queues step k + 1 before it reads pick k (from mapped host memory,
-    /// once a marker after step k has passed), so the GPU does not wait for the host
-    /// between steps, and no logits travel.
+    /// picks before it, as a step at a time leaves it: the step already queued with that
+    /// pick is undone, so the session must keep a position to rewind, `max_rewind` ≥ 1).
+    /// The tokens are those `feed` and `sample::argmax` give one step at a time, but each
+    /// step's logits are picked on the device (`ds4_codegen::cuda_argmax`) and the next
+    /// step's embedding reads the pick there: the host queues step k + 1 before it reads
+    /// pick k (from mapped host memory, once a marker after step k has passed), so the GPU
+    /// does not wait for the host between steps, and no logits travel.
     pub fn decode_greedy(&mut self, first: u32, n: usize, mut on_pick: impl FnMut(u32) -> bool) -> Result<Vec<u32>, ModelError> {
         let b = self.backend.clone();
         let vocab = b.model.hp.vocab;
