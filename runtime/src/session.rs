@@ -189,25 +189,37 @@ impl<'m, F: Compute> Session<'m, F> {
 
     /// Prefill in chunks of `chunk` tokens; returns the logits of every token.
     pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<F>, ModelError> {
-        let mut all = Vec::with_capacity(ids.len() * self.model.hp.vocab);
-        for c in ids.chunks(chunk.max(1)) {
-            all.extend(self.feed(c)?);
-        }
-        Ok(all)
+        all_of_chunks(ids, chunk, self.model.hp.vocab, |c| self.feed(c))
     }
 
     /// Drop the last `n` positions, as if they had never been fed.
     pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
-        if n > self.pos {
-            return Err(ModelError::Session(format!("cannot rewind {n} positions: only {} fed", self.pos)));
-        }
-        if n > self.opts.max_rewind {
-            return Err(ModelError::Session(format!("cannot rewind {n} positions: this session keeps state for {}", self.opts.max_rewind)));
-        }
-        self.pos -= n;
-        self.state.truncate(self.pos);
-        Ok(())
+        rewind_state(&mut self.state, &mut self.pos, &self.opts, n)
     }
+}
+
+/// Feeds `ids` in chunks of `chunk` through `feed`; every chunk's logits (rows of `vocab`)
+/// in order (every backend's `prefill`).
+pub(crate) fn all_of_chunks<T>(ids: &[u32], chunk: usize, vocab: usize, mut feed: impl FnMut(&[u32]) -> Result<Vec<T>, ModelError>) -> Result<Vec<T>, ModelError> {
+    let mut all = Vec::with_capacity(ids.len() * vocab);
+    for c in ids.chunks(chunk.max(1)) {
+        all.extend(feed(c)?);
+    }
+    Ok(all)
+}
+
+/// Drops the last `n` of the `pos` positions `state` holds, as if they had never been fed:
+/// at most what was fed and what `opts.max_rewind` keeps (every backend's `rewind`).
+pub(crate) fn rewind_state<L: crate::state::LogStore>(state: &mut SessionState<L>, pos: &mut usize, opts: &SessionOptions, n: usize) -> Result<(), ModelError> {
+    if n > *pos {
+        return Err(ModelError::Session(format!("cannot rewind {n} positions: only {pos} fed")));
+    }
+    if n > opts.max_rewind {
+        return Err(ModelError::Session(format!("cannot rewind {n} positions: this session keeps state for {}", opts.max_rewind)));
+    }
+    *pos -= n;
+    state.truncate(*pos);
+    Ok(())
 }
 
 /// Feeds `ids` in chunks of `chunk` through `feed_last`; the last chunk's result (every

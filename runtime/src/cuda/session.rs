@@ -241,23 +241,12 @@ impl<'m> CudaSession<'m> {
     }
 
     pub fn prefill(&mut self, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
-        let mut all = Vec::with_capacity(ids.len() * self.backend.model.hp.vocab);
-        for c in ids.chunks(chunk.max(1)) {
-            all.extend(self.feed(c)?);
-        }
-        Ok(all)
+        let vocab = self.backend.model.hp.vocab;
+        crate::session::all_of_chunks(ids, chunk, vocab, |c| self.feed(c))
     }
 
     /// Drops the last `n` positions, as if they had never been fed.
     pub fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
-        if n > self.pos {
-            return Err(ModelError::Session(format!("cannot rewind {n} positions: only {} fed", self.pos)));
-        }
-        if n > self.opts.max_rewind {
-            return Err(ModelError::Session(format!("cannot rewind {n} positions: this session keeps state for {}", self.opts.max_rewind)));
-        }
-        self.pos -= n;
-        self.state.truncate(self.pos);
-        Ok(())
+        crate::session::rewind_state(&mut self.state, &mut self.pos, &self.opts, n)
     }
 }
