@@ -9,7 +9,7 @@
 //! shared memory) is per-architecture tuning, which is why sm90 and sm120 are separate
 //! targets already.
 
-use crate::render::{call, escape_any, CXX_KEYWORDS, f32_digits, prec, Code, Dialect};
+use crate::render::{c_cast, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
 use std::fmt::Write as _;
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
@@ -81,24 +81,11 @@ impl Dialect for Cuda {
     }
 
     fn lit(&self, l: Lit) -> Code {
-        match l {
-            // Plain literals: C's usual conversions give them the other operand's type.
-            Lit::Usize(v) => Code::atom(format!("{v}")),
-            Lit::I32(v) if v < 0 => Code::new(format!("{v}"), prec::UNARY),
-            Lit::I32(v) => Code::atom(format!("{v}")),
-            Lit::Bool(b) => Code::atom(format!("{b}")),
-            Lit::F(v) if v == f64::NEG_INFINITY => Code::atom("__int_as_float(0xff800000)"),
-            Lit::F(v) if v == f64::INFINITY => Code::atom("__int_as_float(0x7f800000)"),
-            Lit::F(v) => {
-                let t = format!("{}f", f32_digits(v));
-                let p = if t.starts_with('-') { prec::UNARY } else { prec::ATOM };
-                Code::new(t, p)
-            }
-        }
+        c_lit(l, |negative| Code::atom(if negative { "__int_as_float(0xff800000)" } else { "__int_as_float(0x7f800000)" }))
     }
 
     fn cast(&self, to: Ty, arg: Code) -> Code {
-        Code::new(format!("({}){}", self.ty(to), arg.at(prec::ATOM)), prec::UNARY)
+        c_cast(self.ty(to), arg)
     }
 
     fn builtin(&self, f: Builtin, args: Vec<Code>) -> Code {

@@ -10,7 +10,7 @@
 //! Metal compiles with fast math by default; the transcendental calls go through
 //! `metal::precise` so that the result does not depend on that setting.
 
-use crate::render::{call, escape_any, CXX_KEYWORDS, f32_digits, prec, Code, Dialect};
+use crate::render::{c_cast, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
 pub struct Metal;
@@ -54,23 +54,11 @@ impl Dialect for Metal {
     }
 
     fn lit(&self, l: Lit) -> Code {
-        match l {
-            Lit::Usize(v) => Code::atom(format!("{v}")),
-            Lit::I32(v) if v < 0 => Code::new(format!("{v}"), prec::UNARY),
-            Lit::I32(v) => Code::atom(format!("{v}")),
-            Lit::Bool(b) => Code::atom(format!("{b}")),
-            Lit::F(v) if v == f64::NEG_INFINITY => Code::new("-INFINITY", prec::UNARY),
-            Lit::F(v) if v == f64::INFINITY => Code::atom("INFINITY"),
-            Lit::F(v) => {
-                let t = format!("{}f", f32_digits(v));
-                let p = if t.starts_with('-') { prec::UNARY } else { prec::ATOM };
-                Code::new(t, p)
-            }
-        }
+        c_lit(l, |negative| if negative { Code::new("-INFINITY", prec::UNARY) } else { Code::atom("INFINITY") })
     }
 
     fn cast(&self, to: Ty, arg: Code) -> Code {
-        Code::new(format!("({}){}", self.ty(to), arg.at(prec::ATOM)), prec::UNARY)
+        c_cast(self.ty(to), arg)
     }
 
     fn builtin(&self, f: Builtin, args: Vec<Code>) -> Code {

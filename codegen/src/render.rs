@@ -472,6 +472,29 @@ pub fn call(name: &str, args: &[Code]) -> Code {
     Code::atom(format!("{name}({})", args.join(", ")))
 }
 
+/// A literal as the C-family targets (CUDA, Metal) spell it: integers plain (C's usual
+/// conversions give them the other operand's type), floats with an `f` suffix, and the
+/// infinities as `infinity(negative)` says (each target has its own spelling).
+pub fn c_lit(l: Lit, infinity: impl Fn(bool) -> Code) -> Code {
+    match l {
+        Lit::Usize(v) => Code::atom(format!("{v}")),
+        Lit::I32(v) if v < 0 => Code::new(format!("{v}"), prec::UNARY),
+        Lit::I32(v) => Code::atom(format!("{v}")),
+        Lit::Bool(b) => Code::atom(format!("{b}")),
+        Lit::F(v) if v.is_infinite() => infinity(v < 0.0),
+        Lit::F(v) => {
+            let t = format!("{}f", f32_digits(v));
+            let p = if t.starts_with('-') { prec::UNARY } else { prec::ATOM };
+            Code::new(t, p)
+        }
+    }
+}
+
+/// A C-style cast of `arg` to the type spelled `ty`.
+pub fn c_cast(ty: &str, arg: Code) -> Code {
+    Code::new(format!("({ty}){}", arg.at(prec::ATOM)), prec::UNARY)
+}
+
 /// The shortest decimal that reads back as `v` rounded to f32, the float type of the
 /// GPU targets (`F::from_f64(v)` with F = f32). Finite values only.
 pub fn f32_digits(v: f64) -> String {
