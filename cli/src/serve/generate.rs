@@ -135,18 +135,8 @@ impl<'m> Generator<'m> {
             return Ok(out);
         }
         for i in 0..max_tokens {
-            if cancelled() {
-                out.finish = Finish::Cancelled;
-                break;
-            }
             let t = sampler.sample(&logits) as u32;
-            out.completion_tokens += 1;
-            if params.stop_ids.contains(&t) {
-                out.finish = Finish::StopToken;
-                break;
-            }
-            if on_token(t) == Flow::Stop {
-                out.finish = Finish::Caller;
+            if !take(t, params, cancelled, on_token, &mut out) {
                 break;
             }
             // The last token is not fed: nothing would read its logits.
@@ -171,33 +161,36 @@ impl<'m> Generator<'m> {
         on_token: &mut dyn FnMut(u32) -> Flow,
         out: &mut Outcome,
     ) -> Result<()> {
-        // Whether the generation goes on after token `t`, `out` updated as the loop does.
-        let mut take = |t: u32, out: &mut Outcome| {
-            if cancelled() {
-                out.finish = Finish::Cancelled;
-                return false;
-            }
-            out.completion_tokens += 1;
-            if params.stop_ids.contains(&t) {
-                out.finish = Finish::StopToken;
-                return false;
-            }
-            if on_token(t) == Flow::Stop {
-                out.finish = Finish::Caller;
-                return false;
-            }
-            true
-        };
         let first = ds4_runtime::sample::argmax(logits) as u32;
-        if !take(first, out) || max_tokens == 1 {
+        if !take(first, params, cancelled, on_token, out) || max_tokens == 1 {
             return Ok(());
         }
-        let picks = self.session.decode_greedy(first, max_tokens - 1, |t| take(t, out))?;
+        let picks = self.session.decode_greedy(first, max_tokens - 1, |t| take(t, params, cancelled, on_token, out))?;
         // Fed: `first` and every pick but the last.
         self.fed.push(first);
         self.fed.extend_from_slice(&picks[..picks.len().saturating_sub(1)]);
         Ok(())
     }
+}
+
+/// Whether the generation goes on after sampled token `t` (both of `generate`'s loops):
+/// not if it was cancelled (the token not counted), if `t` is a stop id (counted, not
+/// passed on) or if `on_token` says stop; `out` says why it ended.
+fn take(t: u32, params: &GenParams, cancelled: &dyn Fn() -> bool, on_token: &mut dyn FnMut(u32) -> Flow, out: &mut Outcome) -> bool {
+    if cancelled() {
+        out.finish = Finish::Cancelled;
+        return false;
+    }
+    out.completion_tokens += 1;
+    if params.stop_ids.contains(&t) {
+        out.finish = Finish::StopToken;
+        return false;
+    }
+    if on_token(t) == Flow::Stop {
+        out.finish = Finish::Caller;
+        return false;
+    }
+    true
 }
 
 #[cfg(test)]

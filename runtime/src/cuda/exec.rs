@@ -432,9 +432,7 @@ impl GpuExecutor<'_> {
         ];
         let k = self.kernels.get(cuda_norm_rope::NAME)?;
         self.call_threads(k, cuda_norm_rope::NAME, (rows as u32, 1, 1), threads, cuda_norm_rope::shared_bytes(n), &named)?;
-        let mut made: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
-        made.push((c.last.index(), GVal::F(DevSlice::whole(out, n_out))));
-        Ok(Some(made))
+        Ok(Some(chain_values(&c.skipped, c.last, out, n_out)))
     }
 
     /// RoPE node `rope` (rows of `hd`, `heads` a token, the last `n_rot` rotated, over `x`)
@@ -456,9 +454,7 @@ impl GpuExecutor<'_> {
         let named = [("out", Arg::Ptr(out.ptr)), ("x", Arg::Ptr(x.ptr())), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("rows", u(rows)), ("heads", u(heads)), ("n_rot", u(n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", Arg::F32(r.sign)), ("fp4", u(c.fp4 as usize))];
         let k = self.kernels.get(cuda_norm_rope::ROPE_HADAMARD)?;
         self.call_threads(k, cuda_norm_rope::ROPE_HADAMARD, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), cuda_norm_rope::ROPE_HADAMARD_THREADS, 0, &named)?;
-        let mut made: Vec<(usize, GVal)> = c.skipped.iter().map(|s| (s.index(), GVal::Freed)).collect();
-        made.push((c.hadamard.index(), GVal::F(DevSlice::whole(out, n_out))));
-        Ok(Some(made))
+        Ok(Some(chain_values(&c.skipped, c.hadamard, out, n_out)))
     }
 
     /// The attention merge and the inverse RoPE after it (node `rope`, which the plan pairs
@@ -1403,6 +1399,12 @@ impl GpuExecutor<'_> {
         }
         Ok(outs)
     }
+}
+
+/// The values a launch makes ahead of a chain of nodes: the skipped ones never made, the
+/// last one `out` (`n` floats).
+fn chain_values(skipped: &[ds4_ir::NodeId], last: ds4_ir::NodeId, out: DeviceBuf, n: usize) -> Vec<(usize, GVal)> {
+    skipped.iter().map(|s| (s.index(), GVal::Freed)).chain([(last.index(), GVal::F(DevSlice::whole(out, n)))]).collect()
 }
 
 /// Where a step's token ids come from.

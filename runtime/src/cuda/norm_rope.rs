@@ -29,33 +29,34 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<NormRopeChain> {
         Op::RmsNormPlain { eps } => (None, eps),
         _ => return None,
     };
-    let only = |id: NodeId| g.only_reader(id);
-    let mut skipped = Vec::new();
-    let mut at = norm;
-    let rope = loop {
-        let next = only(at)?;
-        match g.node(next).op {
-            Op::Reshape { .. } => skipped.push(next),
-            Op::Rope { .. } => break next,
-            _ => return None,
-        }
-        at = next;
-    };
+    let (mut skipped, rope) = past_reshapes(g, norm)?;
+    if !matches!(g.node(rope).op, Op::Rope { .. }) {
+        return None;
+    }
     // Reshapes and a round trip after the RoPE join the chain only together.
-    let (mut after, mut at) = (Vec::new(), rope);
-    while let Some(next) = only(at) {
-        match g.node(next).op {
-            Op::Reshape { .. } => after.push(next),
-            Op::Fp8RoundTrip { n_nope } => {
-                skipped.push(rope);
-                skipped.extend(after);
-                return Some(NormRopeChain { weight, eps, rope, fp8: Some(n_nope), skipped, last: next });
-            }
-            _ => break,
+    if let Some((after, last)) = past_reshapes(g, rope) {
+        if let Op::Fp8RoundTrip { n_nope } = g.node(last).op {
+            skipped.push(rope);
+            skipped.extend(after);
+            return Some(NormRopeChain { weight, eps, rope, fp8: Some(n_nope), skipped, last });
         }
-        at = next;
     }
     Some(NormRopeChain { weight, eps, rope, fp8: None, skipped, last: rope })
+}
+
+/// The first node past the reshapes that read `from`'s value one after another, and those
+/// reshapes: None where a value on the way (`from`'s included) has another reader or is a
+/// graph output (`Graph::only_reader`), so that a launch may skip them all.
+fn past_reshapes(g: &Graph, from: NodeId) -> Option<(Vec<NodeId>, NodeId)> {
+    let (mut reshapes, mut at) = (Vec::new(), from);
+    loop {
+        let next = g.only_reader(at)?;
+        if !matches!(g.node(next).op, Op::Reshape { .. }) {
+            return Some((reshapes, next));
+        }
+        reshapes.push(next);
+        at = next;
+    }
 }
 
 /// A RoPE whose rows go on to a Hadamard transform (`Rope → (Reshape)* → HadamardFp4`,
@@ -71,18 +72,13 @@ pub struct RopeHadamardChain {
 
 /// The chain that starts at RoPE node `rope`, if the graph has one there.
 pub fn hadamard_after(g: &Graph, rope: NodeId) -> Option<RopeHadamardChain> {
-    if !matches!(g.node(rope).op, Op::Rope { .. }) || g.is_output(rope) {
+    if !matches!(g.node(rope).op, Op::Rope { .. }) {
         return None;
     }
-    let (mut skipped, mut at) = (Vec::new(), rope);
-    loop {
-        let next = g.only_reader(at)?;
-        match g.node(next).op {
-            Op::Reshape { .. } if !g.is_output(next) => skipped.push(next),
-            Op::HadamardFp4 { fp4 } => return Some(RopeHadamardChain { skipped, hadamard: next, fp4 }),
-            _ => return None,
-        }
-        at = next;
+    let (skipped, next) = past_reshapes(g, rope)?;
+    match g.node(next).op {
+        Op::HadamardFp4 { fp4 } => Some(RopeHadamardChain { skipped, hadamard: next, fp4 }),
+        _ => None,
     }
 }
 

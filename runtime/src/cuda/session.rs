@@ -210,8 +210,9 @@ impl<'m> CudaSession<'m> {
                 if !on_pick(t as u32) {
                     if k < n {
                         // Step k, queued before pick k - 1 was known, fed that pick: the
-                        // session goes back to where a step at a time would have stopped.
-                        dev.synchronize()?;
+                        // session goes back to where a step at a time would have stopped
+                        // (the logs' lengths, on the host: what is queued later runs after
+                        // step k on the device).
                         self.rewind(1)?;
                     }
                     break;
