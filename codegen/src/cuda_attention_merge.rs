@@ -7,9 +7,9 @@
 //! of ~100 dependent steps a thread, 9.3 µs a layer on the H200 (Nsight Compute). Here one
 //! warp takes the chunks' maxima and sums (a lane per chunk: the max by shuffles, which is
 //! exact in any order; each chunk's factor `exp(m − max)` once; the denominator added in
-//! chunk order by one lane, as the reference adds it), puts the factors in shared memory,
-//! and then every thread sums its dimensions over the chunks in order, the chunks' loads
-//! independent of each other.
+//! chunk order, as the reference adds it, its terms from the lanes by shuffles), puts the
+//! factors in shared memory, and then every thread sums its dimensions over the chunks in
+//! order, eight chunks' loads in flight at a time (H200, decode: 6.0 → 4.7 µs a layer).
 //!
 //! It takes up to [`MAX_CHUNKS`] chunks ([`fits`]); the runtime runs the generated merge
 //! otherwise.
@@ -51,16 +51,20 @@ __device__ __forceinline__ void ds4_merge_item(float* const dst, const float* __
     const unsigned long long w = hd + 2;
     const float* const p = part + item * nc * w;
     const unsigned int chunks = (unsigned int)nc;
+    const float ninf = __int_as_float(0xff800000);
     if (threadIdx.x < 32u) {
+        // Lane l: chunks l and l + 32, their maxima and denominators in one round of loads.
         const unsigned int lane = threadIdx.x;
-        const float ninf = __int_as_float(0xff800000);
         const float m0 = lane < chunks ? p[lane * w + hd] : ninf;
         const float m1 = lane + 32u < chunks ? p[(lane + 32u) * w + hd] : ninf;
+        const float s0 = lane < chunks ? p[lane * w + hd + 1] : 0.0f;
+        const float s1 = lane + 32u < chunks ? p[(lane + 32u) * w + hd + 1] : 0.0f;
         float mx = fmaxf(m0, m1);
         for (int o = 16; o > 0; o >>= 1) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         }
-        // A chunk that saw no row (max -inf) adds nothing: factor 0, and it is skipped.
+        // A chunk that saw no row (max -inf) adds nothing: factor -inf in shared memory,
+        // and it is skipped.
         const float f0 = m0 > ninf ? expf(m0 - mx) : 0.0f;
         const float f1 = m1 > ninf ? expf(m1 - mx) : 0.0f;
         if (lane < chunks) {
@@ -69,26 +73,48 @@ __device__ __forceinline__ void ds4_merge_item(float* const dst, const float* __
         if (lane + 32u < chunks) {
             ds4_factor[lane + 32u] = m1 > ninf ? f1 : ninf;
         }
-        __syncwarp();
+        // The denominator in chunk order (each term from its lane by a shuffle; a skipped
+        // chunk's term is +0, which leaves the positive sum as it is).
+        const float t0 = m0 > ninf ? s0 * f0 : 0.0f;
+        const float t1 = m1 > ninf ? s1 * f1 : 0.0f;
+        float sum = 0.0f;
+        for (unsigned int c = 0; c < chunks && c < 32u; c++) {
+            sum += __shfl_sync(0xffffffffu, t0, c);
+        }
+        for (unsigned int c = 32u; c < chunks; c++) {
+            sum += __shfl_sync(0xffffffffu, t1, c - 32u);
+        }
         if (lane == 0u) {
-            float sum = 0.0f;
-            for (unsigned int c = 0; c < chunks; c++) {
-                const float f = ds4_factor[c];
-                if (f > ninf) {
-                    sum += p[c * w + hd + 1] * f;
-                }
-            }
             ds4_sum = sum;
         }
     }
     __syncthreads();
     const float sum = ds4_sum;
     for (unsigned long long d = threadIdx.x; d < hd; d += blockDim.x) {
+        // Eight chunks' loads in flight, added in chunk order (a prefill's items, of one
+        // chunk or a few, one at a time).
         float acc = 0.0f;
-        for (unsigned int c = 0; c < chunks; c++) {
-            const float f = ds4_factor[c];
-            if (f > __int_as_float(0xff800000)) {
-                acc += p[c * w + d] * f;
+        if (chunks >= 8u) {
+            for (unsigned int c0 = 0; c0 < chunks; c0 += 8u) {
+                float v[8];
+                #pragma unroll
+                for (unsigned int j = 0; j < 8u; j++) {
+                    v[j] = c0 + j < chunks ? p[(c0 + j) * w + d] : 0.0f;
+                }
+                #pragma unroll
+                for (unsigned int j = 0; j < 8u; j++) {
+                    const float f = c0 + j < chunks ? ds4_factor[c0 + j] : ninf;
+                    if (f > ninf) {
+                        acc += v[j] * f;
+                    }
+                }
+            }
+        } else {
+            for (unsigned int c = 0; c < chunks; c++) {
+                const float f = ds4_factor[c];
+                if (f > ninf) {
+                    acc += p[c * w + d] * f;
+                }
             }
         }
         dst[d] = acc / sum;
