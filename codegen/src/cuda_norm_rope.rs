@@ -108,18 +108,23 @@ pub fn source(target: Target) -> Option<String> {
     // `rope`: the last n_rot values in pairs.
     ds4_rope_row(ds4_row, ds4_inv_freq, n, n_rot, (float)((pos_base + item / heads) * pos_mult), sign);
     __syncthreads();
-    // `fp8_roundtrip` of the first n_nope values (blocks of 64), or the row as it is.
+    // `fp8_roundtrip` of the first n_nope values (blocks of 64), or the row as it is. Each
+    // block's largest magnitude first, a warp a block (a max, in any order; each thread
+    // once scanned its value's whole block, 64 shared-memory loads in a chain).
     const unsigned long long rounded = fp8 != 0ull ? n_nope / 64ull * 64ull : 0ull;
+    __shared__ float ds4_amax[{max_blocks}];
+    for (unsigned long long b = threadIdx.x / 32u; b < rounded / 64ull; b += blockDim.x / 32u) {{
+        const unsigned int lane = threadIdx.x & 31u;
+        float amax = fmaxf(0.0001f, fmaxf(fabsf(ds4_row[b * 64ull + lane]), fabsf(ds4_row[b * 64ull + 32ull + lane])));
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (lane == 0u) ds4_amax[b] = amax;
+    }}
+    __syncthreads();
     float* const out = ds4_out + base;
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
         const float v = ds4_row[i];
         if (i < rounded) {{
-            const unsigned long long b0 = i / 64ull * 64ull;
-            float amax = 0.0001f;
-            for (unsigned long long j = 0; j < 64ull; j++) {{
-                amax = fmaxf(amax, fabsf(ds4_row[b0 + j]));
-            }}
-            const float scale = pow2_scale(amax, 448.0f);
+            const float scale = pow2_scale(ds4_amax[i / 64ull], 448.0f);
             const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
             out[i] = e4m3_round(q) * scale;
         }} else {{
@@ -128,7 +133,8 @@ pub fn source(target: Target) -> Option<String> {
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(NAME, &MAX_THREADS.to_string(), &params())
+        entry = crate::cuda::own_entry(NAME, &MAX_THREADS.to_string(), &params()),
+        max_blocks = MAX_N / 64
     ));
     Some(s)
 }
