@@ -59,4 +59,5 @@ inline int __ffs(unsigned int) { return 0; }
 inline unsigned int __vsub4(unsigned int a, unsigned int) { return a; }
 inline int __dp4a(int a, int, int c) { return a + c; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
 inline float __fmaf_rn(float a, float b, float c) { return a * b + c; }

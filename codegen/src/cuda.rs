@@ -290,13 +290,27 @@ __device__ __forceinline__ void ds4_cp_wait() {
 /// its predecessor has, so the order holds along the whole chain.
 pub(crate) const GRID_WAIT: &str = "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
 
+/// Where a kernel's blocks have done their reads of weights and are left with their
+/// sums and stores: let the kernel after it in a decode step's graph launch now (its
+/// blocks then wait in [`GRID_WAIT`] until this kernel has finished and its writes are
+/// visible, as without it). The next kernel is launched once every block has passed here
+/// or exited, so its launch, and what it does before its wait (`hc_pre` loads its
+/// weights), overlap the last blocks' sums and stores.
+pub(crate) const GRID_TRIGGER: &str = "asm volatile(\"griddepcontrol.launch_dependents;\");";
+
 /// The opening of a CUDA-text kernel with its own parameter list (`hc_pre`, `router_select`,
 /// the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`, `split_x_bf16x3`): entry
 /// point `name` under `__launch_bounds__(bounds)`, `params` as the quant kernels declare
 /// them (`quant::cuda::c_params`, so a list is written once, in its `params()`), then
 /// [`GRID_WAIT`].
 pub(crate) fn own_entry(name: &str, bounds: &str, params: &[crate::quant::QParam]) -> String {
-    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n{GRID_WAIT}", crate::quant::cuda::c_params(params))
+    format!("{}{GRID_WAIT}", own_entry_unwaited(name, bounds, params))
+}
+
+/// [`own_entry`] without [`GRID_WAIT`]: for a kernel that reads weights (never written by
+/// a kernel) before it waits, and waits itself before anything else.
+pub(crate) fn own_entry_unwaited(name: &str, bounds: &str, params: &[crate::quant::QParam]) -> String {
+    format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n", crate::quant::cuda::c_params(params))
 }
 
 /// The largest item output (bytes) a launch stages in shared memory.

@@ -407,6 +407,7 @@ pub fn down_source() -> String {
             part[r] = fmaf(-(dmin * (float)(sc >> 12)), xsum1, part[r]);
         }}
     }}
+    {trig}
     #pragma unroll
     for (unsigned int r = 0; r < 4u; r++) {{
         float v = part[r];
@@ -430,6 +431,7 @@ pub fn down_source() -> String {
 "#,
         store = crate::cuda_hc_expand::store_call(4, "row0", "0u", &|_| "y".into()),
         entry = crate::cuda::own_entry(MATVEC_Q2_K, &DOWN_MAX_THREADS.to_string(), &down_params()),
+        trig = crate::cuda::GRID_TRIGGER,
         stage = crate::cuda_hc_expand::stage_call(4, "row0", "0u")
     );
     s

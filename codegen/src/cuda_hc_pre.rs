@@ -94,10 +94,29 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     const unsigned int n4 = h * (unsigned int)d / 4;
     const float4* const x = (const float4*)(ds4_x + (unsigned long long)item * nh * d);
     const uint2* const wr = (const uint2*)(ds4_w + (unsigned long long)row * nh * d * 2);
-    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
+    // The row's first weights before the wait (no kernel writes them): in a decode step's
+    // graph the kernel before this one lets it start while its last blocks add and store.
+    uint2 w_first[{PREFETCH}];
+    #pragma unroll
+    for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+        const unsigned int i = threadIdx.x + j * blockDim.x;
+        w_first[j] = i < n4 ? __ldg(wr + i) : make_uint2(0u, 0u);
+    }}
+{wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
     float ss_part = 0.0f, dot_part = 0.0f;
+    #pragma unroll
+    for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+        const unsigned int i = threadIdx.x + j * blockDim.x;
+        if (i < n4) {{
+            const float4 v = x[i];
+            const float4 w = ds4_half4(w_first[j]);
+            ss_part += v.x * v.x; ss_part += v.y * v.y; ss_part += v.z * v.z; ss_part += v.w * v.w;
+            dot_part = fmaf(w.x, v.x, dot_part); dot_part = fmaf(w.y, v.y, dot_part);
+            dot_part = fmaf(w.z, v.z, dot_part); dot_part = fmaf(w.w, v.w, dot_part);
+        }}
+    }}
     #pragma unroll 4
-    for (unsigned int i = threadIdx.x; i < n4; i += blockDim.x) {{
+    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) {{
         const float4 v = x[i];
         const float4 w = ds4_half4(wr[i]);
         ss_part += v.x * v.x; ss_part += v.y * v.y; ss_part += v.z * v.z; ss_part += v.w * v.w;
@@ -174,7 +193,9 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     }}
 }}
 "#,
-        entry = crate::cuda::own_entry(NAME, &THREADS.to_string(), &params())
+        entry = crate::cuda::own_entry_unwaited(NAME, &THREADS.to_string(), &params()),
+        wait = crate::cuda::GRID_WAIT,
+        PREFETCH = 4
     ));
     s
 }

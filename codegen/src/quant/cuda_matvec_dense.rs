@@ -189,6 +189,7 @@ impl Lower<'_> {
         for (d, l) in self.rows_runs(&walk, &[Token { xo: "xo".into(), acc: "acc".into() }], &ROW_PTRS[..rows as usize])? {
             w(1 + d, &l);
         }
+        w(1, crate::cuda::GRID_TRIGGER);
         w(1, &format!("__shared__ float ds4_red[{MATVEC_WARPS}][{rows}];"));
         warps_total(&mut w, 1, "ds4_red", rows, "acc", "g0", &self.syn.buffer("out"));
         w(1, &crate::cuda_hc_expand::store_call(rows, "g0", "blockIdx.y", &|q| warps_sum("ds4_red", q)));
