@@ -87,6 +87,14 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
+// Four streams' values v and the projection row's halves h added to Σ x² and Σ w·x.
+__device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, float& ss, float& dot) {{
+    const float4 w = ds4_half4(h);
+    ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
+    dot = fmaf(w.x, v.x, dot); dot = fmaf(w.y, v.y, dot);
+    dot = fmaf(w.z, v.z, dot); dot = fmaf(w.w, v.w, dot);
+}}
+
 {entry}    const unsigned int item = blockIdx.y;
     const unsigned int row = blockIdx.x;
     const unsigned int h = (unsigned int)nh;
@@ -107,22 +115,10 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
         const unsigned int i = threadIdx.x + j * blockDim.x;
-        if (i < n4) {{
-            const float4 v = x[i];
-            const float4 w = ds4_half4(w_first[j]);
-            ss_part += v.x * v.x; ss_part += v.y * v.y; ss_part += v.z * v.z; ss_part += v.w * v.w;
-            dot_part = fmaf(w.x, v.x, dot_part); dot_part = fmaf(w.y, v.y, dot_part);
-            dot_part = fmaf(w.z, v.z, dot_part); dot_part = fmaf(w.w, v.w, dot_part);
-        }}
+        if (i < n4) ds4_add_terms(x[i], w_first[j], ss_part, dot_part);
     }}
     #pragma unroll 4
-    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) {{
-        const float4 v = x[i];
-        const float4 w = ds4_half4(wr[i]);
-        ss_part += v.x * v.x; ss_part += v.y * v.y; ss_part += v.z * v.z; ss_part += v.w * v.w;
-        dot_part = fmaf(w.x, v.x, dot_part); dot_part = fmaf(w.y, v.y, dot_part);
-        dot_part = fmaf(w.z, v.z, dot_part); dot_part = fmaf(w.w, v.w, dot_part);
-    }}
+    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(x[i], wr[i], ss_part, dot_part);
     const float ss = ds4_block_sum(ss_part);
     const float dot = ds4_block_sum(dot_part);
     // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
