@@ -48,8 +48,8 @@ pub fn params() -> Vec<QParam> {
 }
 
 /// `rope` on a row of `n` values staged in shared memory (its last `n_rot` in pairs, at
-/// position `pos`): the op kernel's floats (its pair rotation rendered from its IR), shared
-/// with `attention_merge_rope`.
+/// position `pos`): the op kernel's floats (its angle and pair rotation rendered from its
+/// IR), shared with `attention_merge_rope`.
 pub(crate) fn rope_row(cuda: &crate::cuda::Cuda) -> String {
     let mut s = crate::render::op_helpers(cuda, "rope");
     s.push_str(
@@ -58,9 +58,8 @@ pub(crate) fn rope_row(cuda: &crate::cuda::Cuda) -> String {
 __device__ __forceinline__ void ds4_rope_row(float* const row, const float* __restrict__ inv_freq, const unsigned long long n, const unsigned long long n_rot, const float pos, const float sign) {
     const unsigned long long nope = n - n_rot;
     for (unsigned long long p = threadIdx.x; p < n_rot / 2ull; p += blockDim.x) {
-        const float ang = pos * inv_freq[p];
-        const float c = cosf(ang);
-        const float s = sinf(ang) * sign;
+        const float c = rope_cos(pos, inv_freq[p]);
+        const float s = rope_sin(pos, inv_freq[p], sign);
         const float a = row[nope + 2ull * p];
         const float b = row[nope + 2ull * p + 1ull];
         row[nope + 2ull * p] = rotate_first(a, b, c, s);
@@ -144,8 +143,8 @@ pub fn source(target: Target) -> Option<String> {
 /// were three launches on the critical path of a CSA layer: the projection, `rope` (4.2
 /// µs) and `hadamard_fp4` (7.4 µs: its round trip by four threads, 32 values each in turn,
 /// behind seven barriers). Here a warp takes a row, four values a lane (lane l values 4l ..
-/// 4l + 4): the RoPE's pairs are a lane's own (`ds4_rope_row`'s arithmetic, its rotation
-/// rendered from `rope`'s IR); the
+/// 4l + 4): the RoPE's pairs are a lane's own (`ds4_rope_row`'s arithmetic, its angle and
+/// rotation rendered from `rope`'s IR); the
 /// butterflies of spans 1 and 2 are a lane's, those of 4 to 64 are between lanes
 /// (shuffles: the lower of a pair keeps a + b, the upper a − b, the same two operations on
 /// the same values); then ×1/√128 and, in blocks of 32 (eight lanes), the block's largest
@@ -201,9 +200,9 @@ pub fn rope_hadamard_source(target: Target) -> Option<String> {
     for (unsigned int q = 0; q < 2u; q++) {{
         const unsigned int e = 4u * lane + 2u * q;
         if (e >= nope) {{
-            const float ang = pos * ds4_inv_freq[(e - nope) / 2u];
-            const float c = cosf(ang);
-            const float sn = sinf(ang) * sign;
+            const float f = ds4_inv_freq[(e - nope) / 2u];
+            const float c = rope_cos(pos, f);
+            const float sn = rope_sin(pos, f, sign);
             const float a = v[2u * q];
             const float b = v[2u * q + 1u];
             v[2u * q] = rotate_first(a, b, c, sn);

@@ -5,6 +5,19 @@
 //! mult = ratio). `sign = -1` applies the inverse rotation (attention output).
 use crate::real::Real;
 
+/// The cosine of the angle of position `pos` at frequency `f`.
+#[ds4_macros::kernel_helper]
+fn rope_cos<F: Real>(pos: F, f: F) -> F {
+    (pos * f).cos()
+}
+
+/// The sine of the angle of position `pos` at frequency `f`, times `sign` (-1: the inverse
+/// rotation).
+#[ds4_macros::kernel_helper]
+fn rope_sin<F: Real>(pos: F, f: F, sign: F) -> F {
+    (pos * f).sin() * sign
+}
+
 /// The first value of the pair (a, b) turned by the angle of cosine `c` and sine `s`.
 #[ds4_macros::kernel_helper]
 fn rotate_first<F: Real>(a: F, b: F, c: F, s: F) -> F {
@@ -39,9 +52,8 @@ pub fn rope<F: Real>(
         out[i] = x[base + i];
     }
     'par: for p in 0..n_rot / 2 {
-        let ang = pos * inv_freq[p];
-        let c = ang.cos();
-        let s = ang.sin() * sign;
+        let c = rope_cos(pos, inv_freq[p]);
+        let s = rope_sin(pos, inv_freq[p], sign);
         let a = x[base + nope + 2 * p];
         let b = x[base + nope + 2 * p + 1];
         out[nope + 2 * p] = rotate_first(a, b, c, s);
