@@ -447,8 +447,12 @@ impl Marker {
     }
 
     /// Submits the queued launches and marks their end (on the stream the graphs run on).
+    /// The host goes on without waiting (greedy decoding records the next step while the
+    /// GPU runs this one), so the next graph chunk may be a long one
+    /// (`LaunchPlan::submit_ahead`).
     pub fn set(&self) -> Result<(), CudaError> {
-        self.dev.submit_plan()?;
+        self.dev.bind()?;
+        self.dev.plan()?.submit_ahead(self.dev.ctx.cu_ctx())?;
         // SAFETY: a live event; the legacy default stream, as `launch_plan.rs` launches.
         unsafe { sys::cuEventRecord(self.ev, std::ptr::null_mut()).result() }?;
         Ok(())

@@ -4,9 +4,10 @@
 //! one by one, each costs the host several microseconds and leaves the GPU a gap. While a
 //! [`LaunchPlan`] records, `launch` and the device-to-device copies are queued here
 //! instead of being submitted; every `chunk_len` of them (16 after the host's last
-//! interaction, doubling up to [`CHUNK_STEPS`]), and at the next host
-//! interaction (a read, a write, a synchronize, a free to the driver), the queue goes to
-//! the GPU as one graph launch: the GPU runs a chunk while the host records the next.
+//! interaction, 64 where it went on without waiting, doubling up to [`CHUNK_STEPS`]), and
+//! at the next host interaction (a read, a write, a synchronize, a free to the driver),
+//! the queue goes to the GPU as one graph launch: the GPU runs a chunk while the host
+//! records the next.
 //!
 //! Graphs are kept per *shape* of queue (each step's kernel, block size, shared memory and
 //! argument count, in order): the next step of the same shape updates the instantiated
@@ -73,14 +74,34 @@ fn first_chunk_steps() -> usize {
     *N.get_or_init(|| steps_from_env("DS4_GRAPH_FIRST", FIRST_CHUNK_STEPS))
 }
 
-/// The length of chunk `k` after the host drained the queue: `FIRST_CHUNK_STEPS`, then
-/// twice the one before, up to `CHUNK_STEPS`. The GPU runs a chunk while the host records
-/// the next, and the host records a launch in ~3 µs where the GPU runs it in ~7 (H200,
-/// `DS4_PROFILE=host`): a chunk twice as long as the one running is recorded before the
-/// GPU runs dry, where a 128-launch chunk after 16 left it idle ~250 µs a decode step.
-/// `DS4_GRAPH_RAMP=0`: the first chunk, then `CHUNK_STEPS` (for measuring).
-fn chunk_len(k: usize) -> usize {
-    let (first, most) = (first_chunk_steps(), chunk_steps());
+/// The first chunk after the host submitted the queue *without* waiting for it
+/// ([`LaunchPlan::submit_ahead`]: greedy decoding queues step k + 1 while the GPU runs step
+/// k, `CudaSession::decode_greedy`): the GPU has a step queued, so the first chunk need not
+/// be short, and longer chunks mean fewer graph launches, each a point where no kernel of
+/// the next graph starts before the last one's end. H200, synthetic q2, decode steady at
+/// ctx 2048 (RESULTS.md, eighteenth stop): on one lease every first chunk 16 / 64, six runs
+/// each, 148.15 / 150.31 t/s (32: 148.94, 128: 149.94, three runs); on another, this
+/// constant 16 / 64, four interleaved sets of 256 tokens, 152.28 / 152.83 (each 64 above
+/// each 16). Where the host waits on every step (`DS4_PIPELINE=0`), 64 for every first
+/// chunk was slower (two pairs: 128.0 / 120.5 against 109.6 / 118.7), hence two lengths.
+/// `DS4_GRAPH_FIRST_AHEAD` overrides it.
+pub const AHEAD_FIRST_CHUNK_STEPS: usize = 64;
+
+fn ahead_first_chunk_steps() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| steps_from_env("DS4_GRAPH_FIRST_AHEAD", AHEAD_FIRST_CHUNK_STEPS))
+}
+
+/// The length of chunk `k` after the host drained the queue: `FIRST_CHUNK_STEPS` (or
+/// `AHEAD_FIRST_CHUNK_STEPS` where the GPU has work `ahead`), then twice the one before,
+/// up to `CHUNK_STEPS`. The GPU runs a chunk while the host records the next, and the
+/// host records a launch in ~3 µs where the GPU runs it in ~7 (H200, `DS4_PROFILE=host`):
+/// a chunk twice as long as the one running is recorded before the GPU runs dry, where a
+/// 128-launch chunk after 16 left it idle ~250 µs a decode step. `DS4_GRAPH_RAMP=0`: the
+/// first chunk, then `CHUNK_STEPS` (for measuring).
+fn chunk_len(k: usize, ahead: bool) -> usize {
+    let first = if ahead { ahead_first_chunk_steps() } else { first_chunk_steps() };
+    let most = chunk_steps();
     if k == 0 {
         first
     } else if switched_off!("DS4_GRAPH_RAMP") {
@@ -216,6 +237,9 @@ pub struct LaunchPlan {
     clock: u64,
     /// Chunks submitted since the host last drained the queue (`full`).
     chunks: usize,
+    /// The queue was last drained by `submit_ahead`: the GPU has work queued ahead of
+    /// what is recorded now (`chunk_len`).
+    ahead: bool,
     /// Graph launches and the steps they carried (for `ds4 bench`'s report).
     pub graphs_launched: u64,
     pub steps_in_graphs: u64,
@@ -343,14 +367,24 @@ impl LaunchPlan {
     /// Whether the queue is long enough to submit now: [`chunk_len`] of the chunks sent
     /// since the host drained it.
     fn full(&self) -> bool {
-        self.queue.len() >= chunk_len(self.chunks)
+        self.queue.len() >= chunk_len(self.chunks, self.ahead)
     }
 
     /// Submits the queue for the host (before it touches device memory, or as a run
     /// stops recording): the next chunk is a first one.
     pub(super) fn submit(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
         self.chunks = 0;
+        self.ahead = false;
         self.send(ctx)
+    }
+
+    /// Submits the queue where the host goes on recording without waiting for it (a
+    /// marker set a step ahead, `Marker::set`): the next chunk is a first one, of
+    /// `AHEAD_FIRST_CHUNK_STEPS`, until the host next drains the queue.
+    pub(super) fn submit_ahead(&mut self, ctx: sys::CUcontext) -> Result<(), CudaError> {
+        self.submit(ctx)?;
+        self.ahead = true;
+        Ok(())
     }
 
     /// Submits the queue: as a graph (built or updated) when long enough, else one by one.
@@ -690,8 +724,8 @@ mod tests {
         for k in 1..8 {
             p.chunks = k;
             p.queue.clear();
-            let len = chunk_len(k);
-            assert!(len >= chunk_len(k - 1).min(chunk_steps()) && len <= chunk_steps());
+            let len = chunk_len(k, false);
+            assert!(len >= chunk_len(k - 1, false).min(chunk_steps()) && len <= chunk_steps());
             while p.queue.len() + 1 < len {
                 p.queue.push(kernel(3));
             }
@@ -699,8 +733,30 @@ mod tests {
             p.queue.push(kernel(4));
             assert!(p.full());
         }
-        assert_eq!(chunk_len(1), (2 * first_chunk_steps()).min(chunk_steps()));
-        assert_eq!((chunk_len(7), chunk_len(usize::MAX)), (chunk_steps(), chunk_steps()));
+        assert_eq!(chunk_len(1, false), (2 * first_chunk_steps()).min(chunk_steps()));
+        assert_eq!((chunk_len(7, false), chunk_len(usize::MAX, false)), (chunk_steps(), chunk_steps()));
+        // With the GPU a step ahead, a longer first chunk, the same doubling after it.
+        assert_eq!(chunk_len(0, true), ahead_first_chunk_steps());
+        assert_eq!(chunk_len(1, true), (2 * ahead_first_chunk_steps()).min(chunk_steps()));
+        assert_eq!(chunk_len(7, true), chunk_steps());
+    }
+
+    /// A submission ahead makes the next first chunk the longer one; the host's next
+    /// drain makes it short again.
+    #[test]
+    fn a_submission_ahead_lengthens_the_first_chunk() {
+        let mut p = LaunchPlan::default();
+        let ctx = std::ptr::null_mut();
+        p.set_recording(true);
+        p.submit_ahead(ctx).unwrap();
+        for _ in 0..first_chunk_steps() {
+            p.run(kernel(1), ctx).unwrap();
+        }
+        assert_eq!(p.queue.len(), first_chunk_steps(), "not sent at the short length");
+        assert!(p.ahead && !p.full());
+        p.queue.clear();
+        p.submit(ctx).unwrap();
+        assert!(!p.ahead);
     }
 
     /// The side branch: only a run recording alone opens one; its first step forks, the
