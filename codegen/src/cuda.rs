@@ -9,7 +9,7 @@
 //! shared memory) is per-architecture tuning, which is why sm90 and sm120 are separate
 //! targets already.
 
-use crate::render::{c_cast, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
+use crate::render::{c_cast, c_declare, c_for, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
 use std::fmt::Write as _;
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
@@ -123,12 +123,11 @@ impl Dialect for Cuda {
     }
 
     fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String {
-        let c = if mutable { "" } else { "const " };
-        format!("{c}{} {name} = {init};", self.ty(ty))
+        c_declare(self.ty(ty), name, mutable, init)
     }
 
     fn for_header(&self, var: &str, start: &str, end: &str) -> String {
-        format!("for (usize {var} = {start}; {var} < {end}; {var}++)")
+        c_for("usize", var, start, end)
     }
 
     /// Unrolled by four, a thread's short loops have their loads in flight together

@@ -10,7 +10,7 @@
 //! Metal compiles with fast math by default; the transcendental calls go through
 //! `metal::precise` so that the result does not depend on that setting.
 
-use crate::render::{c_cast, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
+use crate::render::{c_cast, c_declare, c_for, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
 use ds4_ir::kir::{Builtin, Elem, Function, Kernel, Lit, ParamKind, Ty};
 
 pub struct Metal;
@@ -90,12 +90,11 @@ impl Dialect for Metal {
     }
 
     fn declare(&self, name: &str, ty: Ty, mutable: bool, init: &str) -> String {
-        let c = if mutable { "" } else { "const " };
-        format!("{c}{} {name} = {init};", self.ty(ty))
+        c_declare(self.ty(ty), name, mutable, init)
     }
 
     fn for_header(&self, var: &str, start: &str, end: &str) -> String {
-        format!("for (uint {var} = {start}; {var} < {end}; {var}++)")
+        c_for("uint", var, start, end)
     }
 
     fn prelude(&self, k: &Kernel) -> String {

@@ -495,6 +495,18 @@ pub fn c_cast(ty: &str, arg: Code) -> Code {
     Code::new(format!("({ty}){}", arg.at(prec::ATOM)), prec::UNARY)
 }
 
+/// A C-family local declaration of type `ty` (spelled), `const` unless `mutable`.
+pub fn c_declare(ty: &str, name: &str, mutable: bool, init: &str) -> String {
+    let c = if mutable { "" } else { "const " };
+    format!("{c}{ty} {name} = {init};")
+}
+
+/// A C-family counting `for` header over an index of type `index` (spelled), up to the
+/// opening brace.
+pub fn c_for(index: &str, var: &str, start: &str, end: &str) -> String {
+    format!("for ({index} {var} = {start}; {var} < {end}; {var}++)")
+}
+
 /// The shortest decimal that reads back as `v` rounded to f32, the float type of the
 /// GPU targets (`F::from_f64(v)` with F = f32). Finite values only.
 pub fn f32_digits(v: f64) -> String {
