@@ -168,10 +168,11 @@ fn every_op_kernel_in_wgsl_matches_its_f64_reference() {
     assert!(failures.is_empty(), "WGSL kernels off their f64 reference: {failures:?}");
 }
 
-/// Every quant type's WGSL `dequant_rows` and `matvec` against the CPU code of its spec
-/// (as `cuda_kernels`' quant test): random rows quantized by the CPU quantizer,
-/// de-quantized in reverse row order bit for bit, and m tokens' mat-vec within 1e-5 of
-/// Σ|w·x| of the f64 dot of the de-quantized row, with fewer row workgroups than rows.
+/// Every quant type's WGSL `dequant_rows`, `matvec` and `matmul` against the CPU code of
+/// its spec (as `cuda_kernels`' quant test): random rows quantized by the CPU quantizer,
+/// de-quantized in reverse row order bit for bit, and m tokens' products within 1e-5 of
+/// Σ|w·x| of the f64 dot of the de-quantized row (the mat-vec with fewer row workgroups
+/// than rows, the matmul over tokens not a multiple of its tile and in row groups).
 /// A type the WGSL target cannot take (64-bit integers in its de-quantization) says so.
 #[test]
 fn every_quant_kernel_in_wgsl_matches_the_cpu_code_of_its_spec() {
@@ -237,8 +238,30 @@ fn every_quant_kernel_in_wgsl_matches_the_cpu_code_of_its_spec() {
                 worst = worst.max((got[ti * rows + row] as f64 - want).abs() / norm.max(1e-30));
             }
         }
-        let ok = exact && worst < 1e-5;
-        println!("{t}: {rows} rows of {k}, dequant_rows bit-exact {exact}; matvec ({m} tokens, {row_blocks} row workgroups) worst |Δ|/Σ|w·x| {worst:.2e} ({:.1} s){}", t0.elapsed().as_secs_f64(), if ok { "" } else { "  FAIL" });
+        // matmul (a prefill's): m2 tokens, not a multiple of its tile, in TOKENS-token
+        // workgroups; the rows in two groups where they split evenly (group g reads x's
+        // g-th slice of k).
+        let mm = quant_kernel(spec, QuantKernelKind::MatMul, Target::Wgsl).expect("a WGSL matvec's type has a WGSL matmul");
+        let (m2, groups) = (r.range(2, 40), if rows % 2 == 0 { 2 } else { 1 });
+        let x2: Vec<f32> = r.f32_floats(m2 * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let p = pipeline(&gpu, mm.source.clone(), &mm.name, &read_only(&mm.params));
+        // n, k, row_bytes, m, groups, ng, x_div, has_idx.
+        let params = [u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)].concat();
+        let none = words(&[0i32], i32::to_ne_bytes);
+        let tiles = m2.div_ceil(ds4_codegen::quant::TOKENS as usize) as u32;
+        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * m2 * rows], bytes.clone(), words(&x2, f32::to_ne_bytes), none.clone(), none], &params, (rows as u32, tiles, 1), 4 * m2 * rows));
+        let mut worst_mm = 0f64;
+        for ti in 0..m2 {
+            for row in 0..rows {
+                let xo = (ti * groups + row / (rows / groups)) * k;
+                let (w, xs) = (dequantized(row), &x2[xo..xo + k]);
+                let want: f64 = w.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let norm: f64 = w.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                worst_mm = worst_mm.max((got[ti * rows + row] as f64 - want).abs() / norm.max(1e-30));
+            }
+        }
+        let ok = exact && worst < 1e-5 && worst_mm < 1e-5;
+        println!("{t}: {rows} rows of {k}, dequant_rows bit-exact {exact}; worst |Δ|/Σ|w·x|: matvec ({m} tokens, {row_blocks} row workgroups) {worst:.2e}, matmul ({m2} tokens, {groups} row groups) {worst_mm:.2e} ({:.1} s){}", t0.elapsed().as_secs_f64(), if ok { "" } else { "  FAIL" });
         if !ok {
             failures.push(t.to_string());
         }
