@@ -104,11 +104,10 @@ impl Dialect for Metal {
         );
         let used = k.builtins_used();
         if used.contains(&Builtin::Ln1p) {
-            // Same correction as the WGSL shim: MSL has no log1p.
-            s.push_str(
-                "static inline float ds4_ln_1p(float x) {\n    const float u = 1.0f + x;\n    if (u == 1.0f) return x;\n    \
-                 if (u - 1.0f == x) return precise::log(u);\n    return precise::log(u) * (x / (u - 1.0f));\n}\n\n",
-            );
+            // As the WGSL shim (`render::LN_1P_SERIES`): MSL has no log1p, and Metal
+            // compiles fast math unless told not to.
+            let series = crate::render::LN_1P_SERIES;
+            s.push_str(&format!("static inline float ds4_ln_1p(float x) {{\n    if (fabs(x) < 0.1f) return {series};\n    return precise::log(1.0f + x);\n}}\n\n"));
         }
         if used.contains(&Builtin::Ilogb) {
             s.push_str(

@@ -495,6 +495,13 @@ pub fn c_cast(ty: &str, arg: Code) -> Code {
     Code::new(format!("({ty}){}", arg.at(prec::ATOM)), prec::UNARY)
 }
 
+/// ln(1 + x) for |x| < 0.1 by its series to x⁷ (the rest below |x|·1.3e-8), in the syntax
+/// WGSL and MSL share: their `ds4_ln_1p` shims take it there and `log(1 + x)` beyond,
+/// where neither has a log1p. Near 1, Vulkan lets `log` be off by 2^-21 absolute and a
+/// fast-math compiler may fold (1 + x) - 1 to x, which undoes Goldberg's correction: on
+/// lavapipe that correction measured off by up to 3.5% of ln(1 + x) (`wgsl_kernels`).
+pub const LN_1P_SERIES: &str = "x * (1.0f - x * (0.5f - x * (0.33333334f - x * (0.25f - x * (0.2f - x * (0.16666667f - x * 0.14285715f))))))";
+
 /// A C-family local declaration of type `ty` (spelled), `const` unless `mutable`.
 pub fn c_declare(ty: &str, name: &str, mutable: bool, init: &str) -> String {
     let c = if mutable { "" } else { "const " };
