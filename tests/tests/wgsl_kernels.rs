@@ -91,6 +91,7 @@ fn padded(bytes: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Values as the bytes of a buffer, each by `f` (its native-endian bytes).
 fn words<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
@@ -106,7 +107,7 @@ fn dispatch(gpu: &Gpu, p: &Pipeline, buffers: &[Vec<u8>], params: &[u8], groups:
     let mut entries: Vec<wgpu::BindGroupEntry> = bufs.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
     entries.push(wgpu::BindGroupEntry { binding: bufs.len() as u32, resource: params.as_entire_binding() });
     let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
-    let size = padded(&vec![0u8; out_bytes]).len() as u64;
+    let size = out_bytes.next_multiple_of(4).max(4) as u64;
     let back = gpu.device.create_buffer(&wgpu::BufferDescriptor { label: Some("read back"), size, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
     let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
     {
@@ -127,6 +128,7 @@ fn dispatch(gpu: &Gpu, p: &Pipeline, buffers: &[Vec<u8>], params: &[u8], groups:
     bytes
 }
 
+/// A buffer's bytes as floats.
 fn f32s_of(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|w| f32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect()
 }
