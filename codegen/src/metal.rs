@@ -104,10 +104,8 @@ impl Dialect for Metal {
         );
         let used = k.builtins_used();
         if used.contains(&Builtin::Ln1p) {
-            // As the WGSL shim (`render::LN_1P_SERIES`): MSL has no log1p, and Metal
-            // compiles fast math unless told not to.
-            let series = crate::render::LN_1P_SERIES;
-            s.push_str(&format!("static inline float ds4_ln_1p(float x) {{\n    if (fabs(x) < 0.1f) return {series};\n    return precise::log(1.0f + x);\n}}\n\n"));
+            // MSL has no log1p, and Metal compiles fast math unless told not to.
+            s.push_str(&crate::render::ln_1p_shim("static inline float ds4_ln_1p(float x)", "precise::log"));
         }
         if used.contains(&Builtin::Ilogb) {
             s.push_str(

@@ -495,12 +495,17 @@ pub fn c_cast(ty: &str, arg: Code) -> Code {
     Code::new(format!("({ty}){}", arg.at(prec::ATOM)), prec::UNARY)
 }
 
-/// ln(1 + x) for |x| < 0.1 by its series to x⁷ (the rest below |x|·1.3e-8), in the syntax
-/// WGSL and MSL share: their `ds4_ln_1p` shims take it there and `log(1 + x)` beyond,
-/// where neither has a log1p. Near 1, Vulkan lets `log` be off by 2^-21 absolute and a
-/// fast-math compiler may fold (1 + x) - 1 to x, which undoes Goldberg's correction: on
-/// lavapipe that correction measured off by up to 3.5% of ln(1 + x) (`wgsl_kernels`).
-pub const LN_1P_SERIES: &str = "x * (1.0f - x * (0.5f - x * (0.33333334f - x * (0.25f - x * (0.2f - x * (0.16666667f - x * 0.14285715f))))))";
+/// The `ds4_ln_1p` shim of the targets with no log1p (WGSL, MSL), under `signature`
+/// (`fn ds4_ln_1p(x: f32) -> f32`, `static inline float ds4_ln_1p(float x)`), `log` being
+/// the target's logarithm: ln(1 + x) by its series to x⁷ where |x| < 0.1 (the rest below
+/// |x|·1.3e-8), `log(1 + x)` beyond. Near 1, Vulkan lets `log` be off by 2^-21 absolute
+/// and a fast-math compiler may fold (1 + x) - 1 to x, which undoes Goldberg's
+/// correction: on lavapipe that correction measured off by up to 3.5% of ln(1 + x)
+/// (`wgsl_kernels`). The statements are ones both languages spell alike.
+pub fn ln_1p_shim(signature: &str, log: &str) -> String {
+    let series = "x * (1.0f - x * (0.5f - x * (0.33333334f - x * (0.25f - x * (0.2f - x * (0.16666667f - x * 0.14285715f))))))";
+    format!("{signature} {{\n    if (abs(x) < 0.1f) {{\n        return {series};\n    }}\n    return {log}(1.0f + x);\n}}\n\n")
+}
 
 /// A C-family local declaration of type `ty` (spelled), `const` unless `mutable`.
 pub fn c_declare(ty: &str, name: &str, mutable: bool, init: &str) -> String {

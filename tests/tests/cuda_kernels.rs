@@ -1041,13 +1041,9 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         }
         let (rows, m) = (r.range(1, 100), r.range(1, 4));
         let k = t.block_elems() * r.range(1, 5);
-        let src = f32s(&mut r, rows * k, -2.0, 2.0);
-        let rb = t.bytes_for(k as u64).unwrap() as usize;
-        let mut bytes = vec![0u8; rows * rb];
-        for i in 0..rows {
-            ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
-        }
-        let w = dev.upload(&bytes).unwrap();
+        let q = QuantRows::random(t, rows, k, &mut r);
+        let rb = q.row_bytes;
+        let w = dev.upload(&q.bytes).unwrap();
         // dequant_rows: rows in reverse order, bit-exact.
         let ids: Vec<i32> = (0..rows as i32).rev().collect();
         let idb = dev.upload(&ids).unwrap();
@@ -1057,9 +1053,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         let gpu: Vec<f32> = out.read(rows * k).unwrap();
         let mut exact = true;
         for (j, &row) in ids.iter().enumerate() {
-            let mut want = vec![0f32; k];
-            ds4_ir::quant::dequantize_row(t, &bytes[row as usize * rb..][..rb], &mut want).unwrap();
-            exact &= gpu[j * k..(j + 1) * k].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            exact &= gpu[j * k..(j + 1) * k].iter().zip(&q.rows[row as usize]).all(|(a, b)| a.to_bits() == b.to_bits());
         }
         // matvec: m tokens against every row.
         let x = f32s(&mut r, m * k, -1.0, 1.0);
@@ -1073,13 +1067,7 @@ fn every_quant_kernel_matches_the_cpu_code_of_its_spec() {
         launch(&dev, &mv.func, (row_blocks as u32, m as u32, 1), (mv.threads, 1, 1), mv.dyn_shared, &args).unwrap();
         let got: Vec<f32> = mv_out.read(m * rows).unwrap();
         // |got − W[row]·xs| / Σ|W[row]·xs|, the f64 dot of the de-quantized row as reference.
-        let rel = |got: f32, row: usize, xs: &[f32]| -> f64 {
-            let mut wrow = vec![0f32; k];
-            ds4_ir::quant::dequantize_row(t, &bytes[row * rb..][..rb], &mut wrow).unwrap();
-            let want: f64 = wrow.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let norm: f64 = wrow.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-            (got as f64 - want).abs() / norm.max(1e-30)
-        };
+        let rel = |got: f32, row: usize, xs: &[f32]| q.error(got, row, xs);
         let mut worst = 0f64;
         for ti in 0..m {
             for j in 0..rows {

@@ -205,39 +205,26 @@ fn every_quant_kernel_in_wgsl_matches_the_cpu_code_of_its_spec() {
         };
         let (rows, m) = (r.range(1, 100), r.range(1, 4));
         let k = t.block_elems() * r.range(1, 5);
-        let src: Vec<f32> = r.f32_floats(rows * k, -2.0, 2.0).iter().map(|&v| v as f32).collect();
-        let rb = t.bytes_for(k as u64).unwrap() as usize;
-        let mut bytes = vec![0u8; rows * rb];
-        for i in 0..rows {
-            ds4_ir::quant::quantize_row(t, &src[i * k..(i + 1) * k], &mut bytes[i * rb..(i + 1) * rb]).unwrap();
-        }
-        let dequantized = |row: usize| {
-            let mut w = vec![0f32; k];
-            ds4_ir::quant::dequantize_row(t, &bytes[row * rb..][..rb], &mut w).unwrap();
-            w
-        };
+        let q = QuantRows::random(t, rows, k, &mut r);
+        let (bytes, rb) = (&q.bytes, q.row_bytes);
         // dequant_rows: rows in reverse order, bit for bit.
         let ids: Vec<i32> = (0..rows as i32).rev().collect();
         let p = pipeline(&gpu, dq.source.clone(), &dq.name, &read_only(&dq.params));
         let params = [u(k), u(rb)].concat();
-        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * rows * k], bytes.clone(), words(&ids, i32::to_ne_bytes)], &params, (rows as u32, 1, 1), 4 * rows * k));
-        let exact = ids.iter().enumerate().all(|(j, &row)| got[j * k..(j + 1) * k].iter().zip(&dequantized(row as usize)).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * rows * k], bytes.to_vec(), words(&ids, i32::to_ne_bytes)], &params, (rows as u32, 1, 1), 4 * rows * k));
+        let exact = ids.iter().enumerate().all(|(j, &row)| got[j * k..(j + 1) * k].iter().zip(&q.rows[row as usize]).all(|(a, b)| a.to_bits() == b.to_bits()));
         // matvec: m tokens against every row, in fewer row workgroups than rows.
-        let x: Vec<f32> = r.f32_floats(m * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let x = f32s(&mut r, m * k, -1.0, 1.0);
         let row_blocks = r.range(1, rows + 1);
         let p = pipeline(&gpu, mv.source.clone(), &mv.name, &read_only(&mv.params));
         // n, k, row_bytes, picks, x_div, groups, ng, has_sel, has_wts, row_blocks.
         let params = [u(rows), u(k), u(rb), u(1), u(1), u(1), u(rows), u(0), u(0), u(row_blocks)].concat();
         let xb = words(&x, f32::to_ne_bytes);
-        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * m * rows], bytes.clone(), xb.clone(), words(&[0i32], i32::to_ne_bytes), xb], &params, (row_blocks as u32, m as u32, 1), 4 * m * rows));
+        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * m * rows], bytes.to_vec(), xb.clone(), words(&[0i32], i32::to_ne_bytes), xb], &params, (row_blocks as u32, m as u32, 1), 4 * m * rows));
         let mut worst = 0f64;
         for ti in 0..m {
-            let xs = &x[ti * k..(ti + 1) * k];
             for row in 0..rows {
-                let w = dequantized(row);
-                let want: f64 = w.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let norm: f64 = w.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst = worst.max((got[ti * rows + row] as f64 - want).abs() / norm.max(1e-30));
+                worst = worst.max(q.error(got[ti * rows + row], row, &x[ti * k..(ti + 1) * k]));
             }
         }
         // matmul (a prefill's): m2 tokens, not a multiple of its tile, in TOKENS-token
@@ -245,21 +232,18 @@ fn every_quant_kernel_in_wgsl_matches_the_cpu_code_of_its_spec() {
         // g-th slice of k).
         let mm = quant_kernel(spec, QuantKernelKind::MatMul, Target::Wgsl).expect("a WGSL matvec's type has a WGSL matmul");
         let (m2, groups) = (r.range(2, 40), if rows % 2 == 0 { 2 } else { 1 });
-        let x2: Vec<f32> = r.f32_floats(m2 * groups * k, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+        let x2 = f32s(&mut r, m2 * groups * k, -1.0, 1.0);
         let p = pipeline(&gpu, mm.source.clone(), &mm.name, &read_only(&mm.params));
         // n, k, row_bytes, m, groups, ng, x_div, has_idx.
         let params = [u(rows), u(k), u(rb), u(m2), u(groups), u(rows / groups), u(1), u(0)].concat();
         let none = words(&[0i32], i32::to_ne_bytes);
         let tiles = m2.div_ceil(ds4_codegen::quant::TOKENS as usize) as u32;
-        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * m2 * rows], bytes.clone(), words(&x2, f32::to_ne_bytes), none.clone(), none], &params, (rows as u32, tiles, 1), 4 * m2 * rows));
+        let got = f32s_of(&dispatch(&gpu, &p, &[vec![0u8; 4 * m2 * rows], bytes.to_vec(), words(&x2, f32::to_ne_bytes), none.clone(), none], &params, (rows as u32, tiles, 1), 4 * m2 * rows));
         let mut worst_mm = 0f64;
         for ti in 0..m2 {
             for row in 0..rows {
                 let xo = (ti * groups + row / (rows / groups)) * k;
-                let (w, xs) = (dequantized(row), &x2[xo..xo + k]);
-                let want: f64 = w.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let norm: f64 = w.iter().zip(xs).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst_mm = worst_mm.max((got[ti * rows + row] as f64 - want).abs() / norm.max(1e-30));
+                worst_mm = worst_mm.max(q.error(got[ti * rows + row], row, &x2[xo..xo + k]));
             }
         }
         let ok = exact && worst < 1e-5 && worst_mm < 1e-5;

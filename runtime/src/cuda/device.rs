@@ -192,8 +192,19 @@ impl Device {
     /// Submits the queued launches (as a graph when there are enough of them); called
     /// before anything the host does to device memory.
     pub fn submit_plan(&self) -> Result<(), CudaError> {
+        self.submit_plan_as(false)
+    }
+
+    /// `submit_plan`, `ahead` where the host goes on without waiting for what it submits
+    /// (`LaunchPlan::submit_ahead`).
+    fn submit_plan_as(&self, ahead: bool) -> Result<(), CudaError> {
         self.bind()?;
-        self.plan()?.submit(self.ctx.cu_ctx())
+        let mut plan = self.plan()?;
+        if ahead {
+            plan.submit_ahead(self.ctx.cu_ctx())
+        } else {
+            plan.submit(self.ctx.cu_ctx())
+        }
     }
 
     /// Runs a launch or device copy now, or queues it while recording (`launch_plan.rs`).
@@ -451,8 +462,7 @@ impl Marker {
     /// GPU runs this one), so the next graph chunk may be a long one
     /// (`LaunchPlan::submit_ahead`).
     pub fn set(&self) -> Result<(), CudaError> {
-        self.dev.bind()?;
-        self.dev.plan()?.submit_ahead(self.dev.ctx.cu_ctx())?;
+        self.dev.submit_plan_as(true)?;
         // SAFETY: a live event; the legacy default stream, as `launch_plan.rs` launches.
         unsafe { sys::cuEventRecord(self.ev, std::ptr::null_mut()).result() }?;
         Ok(())

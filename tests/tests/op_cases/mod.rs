@@ -352,3 +352,41 @@ pub fn every_op_kernel(r: &mut Rng, mut run: impl FnMut(&Kernel, usize, &[A]) ->
     }
     failures
 }
+
+/// Random rows quantized by the CPU code of a quant type's spec, for the quant kernels'
+/// tests: their bytes and each row de-quantized again (once).
+pub struct QuantRows {
+    pub bytes: Vec<u8>,
+    pub row_bytes: usize,
+    pub rows: Vec<Vec<f32>>,
+}
+
+impl QuantRows {
+    /// `n` rows of `k` values drawn from -2..2, as type `t`.
+    pub fn random(t: ds4_ir::GgmlType, n: usize, k: usize, r: &mut Rng) -> QuantRows {
+        let src = f32s(r, n * k, -2.0, 2.0);
+        let row_bytes = t.bytes_for(k as u64).unwrap() as usize;
+        let mut bytes = vec![0u8; n * row_bytes];
+        for (row, out) in src.chunks(k).zip(bytes.chunks_mut(row_bytes)) {
+            ds4_ir::quant::quantize_row(t, row, out).unwrap();
+        }
+        let rows = bytes
+            .chunks(row_bytes)
+            .map(|b| {
+                let mut w = vec![0f32; k];
+                ds4_ir::quant::dequantize_row(t, b, &mut w).unwrap();
+                w
+            })
+            .collect();
+        QuantRows { bytes, row_bytes, rows }
+    }
+
+    /// |got − row·x| / Σ|row·x|: a device's product of row `row` with x against the f64
+    /// dot of the de-quantized row (the mat-vecs' error measure).
+    pub fn error(&self, got: f32, row: usize, x: &[f32]) -> f64 {
+        let w = &self.rows[row];
+        let want: f64 = w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let norm: f64 = w.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+        (got as f64 - want).abs() / norm.max(1e-30)
+    }
+}
