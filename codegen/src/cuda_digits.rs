@@ -62,8 +62,9 @@ pub const MAX_PICKS: usize = 8;
 const DOWN_MAX_THREADS: usize = 32 * MAX_PICKS;
 
 /// `x_digits(xd, xs, xsum, x, k)`: x (k floats, k a multiple of [`X_BLOCK`]) as [`DIGITS`]
-/// planes of k int8 digits (`xd`, plane p at p·k), a scale 2^(E−7) per block (`xs`) and
-/// the sum of every [`SUM_SPAN`] values (`xsum`, for the types whose values have an offset).
+/// planes of k int8 digits (`xd`, laid out as [`digit_at`] says), a scale 2^(E−7) per
+/// block (`xs`) and the sum of every [`SUM_SPAN`] values (`xsum`, for the types whose
+/// values have an offset).
 pub fn x_digits_params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: true },
@@ -80,6 +81,15 @@ pub fn x_digits_params() -> Vec<QParam> {
 /// Bytes of the digits of k values (the planes; the scales are `k / X_BLOCK` floats).
 pub fn digit_bytes(k: usize) -> usize {
     DIGITS * k
+}
+
+/// Where digit `plane` of value `j` of k lies in the digit bytes. Each plane (k bytes) holds
+/// the first halves of the 32-value blocks, 16 bytes each in block order, then their second
+/// halves: a warp whose lanes take consecutive blocks loads one half of a plane as 512
+/// contiguous bytes (four L1 wavefronts), where whole 32-byte blocks a lane put each
+/// 16-byte load across 1 KB (eight).
+pub fn digit_at(k: usize, plane: usize, j: usize) -> usize {
+    plane * k + (j % X_BLOCK) / 16 * (k / 2) + j / X_BLOCK * 16 + j % 16
 }
 
 /// Blocks of an `x_digits` launch over k values.
@@ -207,7 +217,7 @@ __device__ __forceinline__ void ds4_x_digits_block(const unsigned long long bloc
         const float t = r * 128.0f;
         const float d = truncf(t);
         r = t - d;
-        ds4_xd[p * k + b * {X_BLOCK}ull + lane] = (unsigned char)(int)d;
+        ds4_xd[p * k + (lane >> 4) * (k >> 1) + b * 16ull + (lane & 15u)] = (unsigned char)(int)d;
     }}
     if (lane == 0u) ds4_xs[b] = finite ? ldexpf(1.0f, e - 7) : __int_as_float(0x7fc00000);
 }}
@@ -294,8 +304,8 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
         uint4 xv[{DIGITS}][2];
         #pragma unroll
         for (unsigned int d = 0; d < {DIGITS}u; d++) {{
-            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 8ull);
-            xv[d][1] = *(const uint4*)(xw + d * kw + ib * 8ull + 4ull);
+            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 4ull);
+            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + ib * 4ull);
         }}
         const float xscale = ds4_xs[ib];
         #pragma unroll
@@ -373,8 +383,8 @@ pub fn down_source() -> String {
         uint4 xv[{DIGITS}][2];
         #pragma unroll
         for (unsigned int d = 0; d < {DIGITS}u; d++) {{
-            xv[d][0] = *(const uint4*)(xw + d * kw + e0 / 4ull);
-            xv[d][1] = *(const uint4*)(xw + d * kw + e0 / 4ull + 4ull);
+            xv[d][0] = *(const uint4*)(xw + d * kw + e0 / 8ull);
+            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + e0 / 8ull);
         }}
         const float xscale = ds4_xs[e0 / 32ull];
         const float xsum0 = ds4_xsum[e0 / 16ull], xsum1 = ds4_xsum[e0 / 16ull + 1ull];
@@ -489,6 +499,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every digit has its own byte, inside the digit bytes, and a 16-value half of a
+    /// block is 16 contiguous bytes (what the mat-vecs' 16-byte loads take).
+    #[test]
+    fn digit_layout_is_a_bijection_of_contiguous_halves() {
+        let k = 4 * X_BLOCK;
+        let mut seen = vec![false; digit_bytes(k)];
+        for p in 0..DIGITS {
+            for j in 0..k {
+                let at = digit_at(k, p, j);
+                assert!(!std::mem::replace(&mut seen[at], true), "plane {p}, value {j}: byte {at} twice");
+                if j % 16 != 0 {
+                    assert_eq!(at, digit_at(k, p, j - 1) + 1);
+                } else {
+                    assert_eq!(at % 16, 0);
+                }
+            }
+        }
+        assert_eq!(digit_at(k, 1, 32 + 17), k + k / 2 + 16 + 1);
     }
 
     #[test]

@@ -260,7 +260,7 @@ fn digits_experts_match_the_f64_product() {
         for b in 0..k / 32 {
             let amax = x[b * 32..(b + 1) * 32].iter().fold(0f32, |m, v| m.max(v.abs()));
             for j in b * 32..(b + 1) * 32 {
-                let back: f64 = (0..cuda_digits::DIGITS).map(|p| digits[p * k + j] as i8 as f64 * 128f64.powi(-(p as i32))).sum::<f64>() * scales[b] as f64;
+                let back: f64 = (0..cuda_digits::DIGITS).map(|p| digits[cuda_digits::digit_at(k, p, j)] as i8 as f64 * 128f64.powi(-(p as i32))).sum::<f64>() * scales[b] as f64;
                 let bound = scales[b] as f64 * 2f64.powi(-21);
                 assert!((back - x[j] as f64).abs() <= bound, "x[{j}] = {} comes back as {back}", x[j]);
                 if x[j].abs() == amax {
