@@ -25,6 +25,35 @@ use std::collections::HashMap;
 /// Blocks per SM an attention launch aims for.
 const ATTENTION_BLOCKS_PER_SM: usize = 4;
 
+/// The most chunks an attention item's rows are split into.
+const ATTENTION_MAX_CHUNKS: usize = 32;
+
+/// Chunks an attention launch splits each item's rows into: enough for
+/// [`ATTENTION_BLOCKS_PER_SM`] blocks an SM (`blocks`: the launch's blocks at one chunk),
+/// at most [`ATTENTION_MAX_CHUNKS`], but no more than one per `min_rows` of the `seen`
+/// rows a token may see (window and compressed or selected rows). A decode token of an
+/// HCA layer at ctx 2048 sees 144 rows: 32 chunks gave each block a part of one
+/// `attention_tiled` tile (16 rows) and the merge 32 partial rows a head to fold, where 9
+/// chunks cost the attention no more and the merge less. H200, synthetic q2, decode
+/// steady t/s, two rounds (`DS4_ATT_CHUNK_ROWS`, 0 for no floor): none 149.37 / 151.38,
+/// 16 rows 152.18 / 151.98, 32 150.55 / 149.19, 64 145.36 / 145.60; ctx 8192 150.79 →
+/// 151.47 (16).
+fn attention_chunks(blocks: usize, sms: usize, seen: usize, min_rows: usize) -> usize {
+    let by_sms = (ATTENTION_BLOCKS_PER_SM * sms / blocks.max(1)).clamp(1, ATTENTION_MAX_CHUNKS);
+    if min_rows == 0 {
+        by_sms
+    } else {
+        by_sms.min(seen.div_ceil(min_rows).max(1))
+    }
+}
+
+/// Rows an attention chunk takes at least: one `attention_tiled` tile.
+/// `DS4_ATT_CHUNK_ROWS` overrides it (0: no floor; for measuring).
+fn attention_chunk_rows() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("DS4_ATT_CHUNK_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(cuda_attention::TILE_ROWS))
+}
+
 /// Iterations a thread takes at least when an op kernel's item is spread over blocks (a
 /// decode step's few items): one, so that a decode's small ops (`hc_expand`'s 16384
 /// outputs: 32 blocks, not 8) wait out one round of loads. H200, decode at ctx 2048
@@ -1335,14 +1364,16 @@ impl GpuExecutor<'_> {
                         ("scale", fl(scale)),
                     ];
                     // Each item's rows in `nc` chunks, then the merge: few blocks (decode) get
-                    // more chunks, so that the launch has ~4 blocks per SM. attention_tiled
+                    // more chunks, so that the launch has ~4 blocks per SM, but no chunk fewer
+                    // rows than a tile (`attention_chunks`). attention_tiled
                     // serves 16 heads of a token per block, holding their Q and O in
                     // registers; heads wider than MAX_HD take the generated attention_partial
                     // (a block per head).
                     let (items, tokens) = (n_out / hd, shape[0]);
                     let tiled = hd <= cuda_attention::MAX_HD && self.kernels.by_name.contains_key(cuda_attention::NAME);
                     let blocks = if tiled { cuda_attention::blocks(tokens, heads, 1) } else { items };
-                    let nc = (ATTENTION_BLOCKS_PER_SM * self.dev.sms / blocks.max(1)).clamp(1, 32);
+                    let seen = n_win + if *comp == CompMode::Selected { k_sel } else { n_comp };
+                    let nc = attention_chunks(blocks, self.dev.sms, seen, attention_chunk_rows());
                     let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
                     pnamed.push(("nc", u(nc)));
                     let part = if tiled {
@@ -1518,5 +1549,18 @@ mod tests {
             assert!(ks * n >= k && ks * (n - 1) < k, "{tiles} {k} {unit}: {ks} × {n}");
             assert!(tiles * n <= 2 * 132 + tiles);
         }
+    }
+
+    /// A decode token's chunks: 132 SMs and 4 blocks (64 heads in groups of 16) ask for
+    /// 132, capped at 32; the rows seen cap them at one a tile; a prefill's many blocks
+    /// take one.
+    #[test]
+    fn attention_chunks_follow_the_sms_and_the_rows_seen() {
+        assert_eq!(attention_chunks(4, 132, 640, 16), 32, "a CSA layer: 512 picks and the window");
+        assert_eq!(attention_chunks(4, 132, 144, 16), 9, "an HCA layer at ctx 2048");
+        assert_eq!(attention_chunks(4, 132, 144, 0), 32, "no floor");
+        assert_eq!(attention_chunks(4, 132, 3, 16), 1);
+        assert_eq!(attention_chunks(4, 132, 0, 16), 1);
+        assert_eq!(attention_chunks(8192, 132, 144, 16), 1, "a prefill");
     }
 }
