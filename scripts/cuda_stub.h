@@ -44,6 +44,7 @@ unsigned int __byte_perm(unsigned int, unsigned int, unsigned int);
 inline unsigned int __funnelshift_r(unsigned int lo, unsigned int, unsigned int) { return lo; }
 inline unsigned long long __cvta_generic_to_shared(const void* p) { return (unsigned long long)p; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float atomicAdd(float* p, float v) { return *p += v; }
 inline int atomicAdd(int* p, int v) { return *p += v; }
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return *p += v; }

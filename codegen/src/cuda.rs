@@ -32,6 +32,29 @@ pub(crate) const BLOCK_SUM: &str = "__device__ float ds4_block_sum(float v) {
 }
 ";
 
+/// Two block-wide sums at once, each added exactly as [`BLOCK_SUM`] adds it: the two
+/// shuffle trees side by side and one round through shared memory, two barriers where two
+/// calls take four (`hc_pre`'s Σ x² and Σ w·x).
+pub(crate) const BLOCK_SUM2: &str = "__device__ float2 ds4_block_sum2(float a, float b) {
+    __shared__ float2 ds4_red2[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31u) == 0u) ds4_red2[threadIdx.x >> 5] = make_float2(a, b);
+    __syncthreads();
+    const bool in = (threadIdx.x & 31u) < ((blockDim.x + 31u) >> 5);
+    const float2 r = in ? ds4_red2[threadIdx.x & 31u] : make_float2(0.0f, 0.0f);
+    float ta = r.x, tb = r.y;
+    for (int o = 16; o > 0; o >>= 1) {
+        ta += __shfl_xor_sync(0xffffffffu, ta, o);
+        tb += __shfl_xor_sync(0xffffffffu, tb, o);
+    }
+    return make_float2(ta, tb);
+}
+";
+
 pub struct Cuda {
     /// Compute capability, e.g. 90 or 120 (only named in the header for now).
     pub sm: u32,

@@ -79,6 +79,7 @@ pub fn source() -> String {
     s.push_str(&format!("#define DS4_MAX_NH {}u\n", cuda_hc_mix::MAX_NH));
     s.push_str(cuda_hc_mix::HELPERS);
     s.push_str(crate::cuda::BLOCK_SUM);
+    s.push_str(crate::cuda::BLOCK_SUM2);
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
     s.push_str(&format!(
         r#"
@@ -119,8 +120,8 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     }}
     #pragma unroll 4
     for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(x[i], wr[i], ss_part, dot_part);
-    const float ss = ds4_block_sum(ss_part);
-    const float dot = ds4_block_sum(dot_part);
+    const float2 sums = ds4_block_sum2(ss_part, dot_part);
+    const float ss = sums.x, dot = sums.y;
     // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
     const float p = dot * (1.0f / sqrtf(ss / (float)(4 * n4) + eps_norm));
     float* const mix = ds4_mix + item * mw;
