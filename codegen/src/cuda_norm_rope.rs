@@ -89,6 +89,46 @@ pub fn source(target: Target) -> Option<String> {
 {entry}    extern __shared__ float ds4_row[];
     const unsigned long long item = blockIdx.x;
     const unsigned long long base = item * n;
+    // A thread a value (a decode's rows: the launch gives the norm's threads, one a value
+    // for rows of up to 1024): the value stays in a register from its load to its store,
+    // a RoPE pair meets by a shuffle (its two values on adjacent lanes: the rotated part
+    // starts at an even place), and each 64-value block's largest magnitude comes from its
+    // two warps' maxima. Three barriers instead of five, and no round through the staged
+    // row; the same floats as below (a max in any order is the max).
+    if ((unsigned long long)blockDim.x == n && n % 64ull == 0ull && (n - n_rot) % 2ull == 0ull && (fp8 == 0ull || n_nope <= n)) {{
+        const unsigned int i = threadIdx.x;
+        const unsigned int lane = i & 31u;
+        const float xv = ds4_x[base + i];
+        const float wv = weighted != 0ull ? ds4_w[i] : 1.0f;
+        const float inv = 1.0f / sqrtf(ds4_block_sum(xv * xv) / (float)n + eps);
+        float v = weighted != 0ull ? xv * inv * wv : xv * inv;
+        const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+        const unsigned long long nope = n - n_rot;
+        if (i >= nope) {{
+            const unsigned long long p = (i - nope) / 2ull;
+            const float pos = (float)((pos_base + item / heads) * pos_mult);
+            const float c = rope_cos(pos, ds4_inv_freq[p]);
+            const float s = rope_sin(pos, ds4_inv_freq[p], sign);
+            v = ((i - nope) & 1ull) == 0ull ? rotate_first(v, other, c, s) : rotate_second(other, v, c, s);
+        }}
+        const unsigned long long rounded = fp8 != 0ull ? n_nope / 64ull * 64ull : 0ull;
+        __shared__ float ds4_wmax[32];
+        if (rounded != 0ull) {{
+            float am = fabsf(v);
+            for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+            if (lane == 0u) ds4_wmax[i >> 5] = am;
+            __syncthreads();
+        }}
+        if (i < rounded) {{
+            const float amax = fmaxf(0.0001f, fmaxf(ds4_wmax[(i / 64u) * 2u], ds4_wmax[(i / 64u) * 2u + 1u]));
+            const float scale = pow2_scale(amax, 448.0f);
+            const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
+            ds4_out[base + i] = e4m3_round(q) * scale;
+        }} else {{
+            ds4_out[base + i] = v;
+        }}
+        return;
+    }}
     // `rms_norm` / `rms_norm_plain`: the same partial sums and block sum.
     float ss = 0.0f;
     {{

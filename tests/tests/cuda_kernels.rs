@@ -303,7 +303,8 @@ fn digits_experts_match_the_f64_product() {
 /// generated kernels it stands for, launched one after another with the norm's threads,
 /// bit for bit: query-like rows (plain norm, several heads, no round trip) and KV-like rows
 /// (weighted norm, one head, the round trip), at token and compressed positions, forward
-/// and inverse, with 64 to 1024 threads.
+/// and inverse, with 64 to 1024 threads, and with a thread per value (a decode's launch:
+/// the kernel's register path, cases 8 and on).
 #[test]
 fn norm_rope_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
@@ -311,16 +312,16 @@ fn norm_rope_matches_the_chain_it_fuses() {
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
     let fused = ks.get(cuda_norm_rope::NAME).unwrap();
-    for case in 0..8 {
+    for case in 0..14 {
         let weighted = case % 2 == 1;
         let heads = if weighted { 1 } else { [1, 4, 8][case % 3] };
         let n = [64, 128, 512, 1024][r.range(0, 4)];
         let n_rot = 2 * r.range(1, n / 4 + 1);
         let tokens = r.range(1, 6);
         let rows = tokens * heads;
-        let threads = [64u32, 128, 256, 512, 1024][r.range(0, 5)];
+        let threads = if case >= 8 { n as u32 } else { [64u32, 128, 256, 512, 1024][r.range(0, 5)] };
         let (pos_base, pos_mult) = if case % 4 == 3 { (r.range(0, 1000), 4) } else { (r.range(0, 100000), 1) };
-        let sign = if case == 6 { -1.0f32 } else { 1.0 };
+        let sign = if case == 6 || case == 12 { -1.0f32 } else { 1.0 };
         let fp8 = weighted && case != 7;
         let n_nope = n - n_rot;
         let (x, w, freq) = (f32s(&mut r, rows * n, -40.0, 40.0), f32s(&mut r, n, 0.5, 1.5), f32s(&mut r, n_rot / 2, 1e-4, 1.0));
