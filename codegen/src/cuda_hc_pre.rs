@@ -20,6 +20,7 @@
 //! - blocks r ≥ 2·nh store their projection; the last of them (a second ticket) runs the
 //!   Sinkhorn in one warp (`cuda_hc_mix`'s lanes), which only `hc_expand` reads, after
 //!   the sublayer.
+//!
 //! H200, standalone (back-to-back launches, ~3.5 µs each when empty): 13.3 µs with the
 //! Sinkhorn beside the collapse in one block (its idle lanes on -inf, the division's slow
 //! path), 10.0 with finite idle lanes, 8.3 split as above. (The Sinkhorn as a launch beside

@@ -159,10 +159,10 @@ impl HParams {
         if self.n_rot % 2 != 0 || self.n_rot > self.hd {
             return bad(format!("deepseek4.rope.dimension_count = {} must be even and ≤ key_length {}", self.n_rot, self.hd));
         }
-        if (self.hd - self.n_rot) % 64 != 0 {
+        if !(self.hd - self.n_rot).is_multiple_of(64) {
             return bad(format!("key_length - rope dims = {} is not a multiple of the FP8 block (64)", self.hd - self.n_rot));
         }
-        if self.n_head % self.o_groups != 0 {
+        if !self.n_head.is_multiple_of(self.o_groups) {
             return bad(format!("head_count {} is not divisible by output_group_count {}", self.n_head, self.o_groups));
         }
         if self.n_expert_used > self.n_expert {
@@ -174,7 +174,7 @@ impl HParams {
         if self.compress_ratios.contains(&CSA_RATIO) && (self.idx_dim != 128 || self.idx_heads == 0 || self.idx_top_k == 0) {
             return bad(format!("indexer: key_length {} must be 128 (Hadamard-128), head_count and top_k positive", self.idx_dim));
         }
-        if self.compress_ratios.iter().any(|&r| r == 1) {
+        if self.compress_ratios.contains(&1) {
             return bad("a compress ratio of 1 is not supported".into());
         }
         Ok(())
