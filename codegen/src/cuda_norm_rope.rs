@@ -86,6 +86,14 @@ pub fn source(target: Target) -> Option<String> {
     s.push_str(&rope_row(&cuda));
     s.push_str(&format!(
         r#"
+// `fp8_roundtrip` of one value `v` of a block whose largest magnitude is `block_max`
+// (floored at 1e-4 as the op floors it; a max, so before or after the block's max alike).
+__device__ __forceinline__ float ds4_fp8_value(const float v, const float block_max) {{
+    const float scale = pow2_scale(fmaxf(0.0001f, block_max), 448.0f);
+    const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
+    return e4m3_round(q) * scale;
+}}
+
 {entry}    extern __shared__ float ds4_row[];
     const unsigned long long item = blockIdx.x;
     const unsigned long long base = item * n;
@@ -95,7 +103,7 @@ pub fn source(target: Target) -> Option<String> {
     // starts at an even place), and each 64-value block's largest magnitude comes from its
     // two warps' maxima. Three barriers instead of five, and no round through the staged
     // row; the same floats as below (a max in any order is the max).
-    if ((unsigned long long)blockDim.x == n && n % 64ull == 0ull && (n - n_rot) % 2ull == 0ull && (fp8 == 0ull || n_nope <= n)) {{
+    if ((unsigned long long)blockDim.x == n && n % 64ull == 0ull && (n - n_rot) % 2ull == 0ull) {{
         const unsigned int i = threadIdx.x;
         const unsigned int lane = i & 31u;
         const float xv = ds4_x[base + i];
@@ -119,14 +127,7 @@ pub fn source(target: Target) -> Option<String> {
             if (lane == 0u) ds4_wmax[i >> 5] = am;
             __syncthreads();
         }}
-        if (i < rounded) {{
-            const float amax = fmaxf(0.0001f, fmaxf(ds4_wmax[(i / 64u) * 2u], ds4_wmax[(i / 64u) * 2u + 1u]));
-            const float scale = pow2_scale(amax, 448.0f);
-            const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
-            ds4_out[base + i] = e4m3_round(q) * scale;
-        }} else {{
-            ds4_out[base + i] = v;
-        }}
+        ds4_out[base + i] = i < rounded ? ds4_fp8_value(v, fmaxf(ds4_wmax[(i / 64u) * 2u], ds4_wmax[(i / 64u) * 2u + 1u])) : v;
         return;
     }}
     // `rms_norm` / `rms_norm_plain`: the same partial sums and block sum.
@@ -154,7 +155,7 @@ pub fn source(target: Target) -> Option<String> {
     __shared__ float ds4_amax[{max_blocks}];
     for (unsigned long long b = threadIdx.x / 32u; b < rounded / 64ull; b += blockDim.x / 32u) {{
         const unsigned int lane = threadIdx.x & 31u;
-        float amax = fmaxf(0.0001f, fmaxf(fabsf(ds4_row[b * 64ull + lane]), fabsf(ds4_row[b * 64ull + 32ull + lane])));
+        float amax = fmaxf(fabsf(ds4_row[b * 64ull + lane]), fabsf(ds4_row[b * 64ull + 32ull + lane]));
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (lane == 0u) ds4_amax[b] = amax;
     }}
@@ -162,13 +163,7 @@ pub fn source(target: Target) -> Option<String> {
     float* const out = ds4_out + base;
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
         const float v = ds4_row[i];
-        if (i < rounded) {{
-            const float scale = pow2_scale(ds4_amax[i / 64ull], 448.0f);
-            const float q = fminf(fmaxf(v / scale, -448.0f), 448.0f);
-            out[i] = e4m3_round(q) * scale;
-        }} else {{
-            out[i] = v;
-        }}
+        out[i] = i < rounded ? ds4_fp8_value(v, ds4_amax[i / 64ull]) : v;
     }}
 }}
 "#,
