@@ -213,8 +213,8 @@ fn hc_mix_warp_matches_hc_mix() {
 }
 
 /// `x_digits` and `matvec_digits_iq2_xxs` (a decode token's IQ2_XXS expert gate and up in
-/// dp4a against x split into int8 digits): the digits give back each x block's largest
-/// value exactly and every value to within 2^(E-28) (|x| < 2^E in its block), and the
+/// dp4a against x split into int8 digits): the digits give back every value truncated
+/// toward zero to within 2^(E-7·DIGITS) (|x| < 2^E in its block), and the
 /// mat-vec is the f64 product of the de-quantized rows with x to 1e-5 of Σ|w·x|, the bound
 /// of every mat-vec; on x blocks of mixed magnitudes, zeros included, and unused picks (-1).
 #[test]
@@ -261,11 +261,10 @@ fn digits_experts_match_the_f64_product() {
             let amax = x[b * 32..(b + 1) * 32].iter().fold(0f32, |m, v| m.max(v.abs()));
             for j in b * 32..(b + 1) * 32 {
                 let back: f64 = (0..cuda_digits::DIGITS).map(|p| digits[cuda_digits::digit_at(k, p, j)] as i8 as f64 * 128f64.powi(-(p as i32))).sum::<f64>() * scales[b] as f64;
-                let bound = scales[b] as f64 * 2f64.powi(-21);
+                let bound = scales[b] as f64 * 2f64.powi(7 - 7 * cuda_digits::DIGITS as i32);
                 assert!((back - x[j] as f64).abs() <= bound, "x[{j}] = {} comes back as {back}", x[j]);
-                if x[j].abs() == amax {
-                    assert_eq!(back, x[j] as f64, "the block's largest value is exact");
-                }
+                assert!(back.abs() <= (x[j] as f64).abs() && back * x[j] as f64 >= 0.0, "x[{j}] = {} comes back as {back}, not truncated", x[j]);
+                assert!(amax == 0.0 || (amax as f64) < scales[b] as f64 * 128.0, "2^E exceeds the block's values");
             }
         }
         let sums: Vec<f32> = xsum.read(k / 16).unwrap();
