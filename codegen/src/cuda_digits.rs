@@ -63,6 +63,15 @@ pub const THREADS: u32 = 128;
 pub const ROWS_PER_BLOCK: usize = 16;
 /// Weight rows a down block takes: four, a warp per pick.
 pub const DOWN_ROWS_PER_BLOCK: usize = 4;
+/// A token's dense Q8_0_R mat-vec against x's digits.
+pub const MATVEC_Q8_0_R: &str = "matvec_digits_q8_0_r";
+/// The longest rows [`MATVEC_Q8_0_R`] takes (`attn_q_b`'s; longer rows keep the float
+/// dense kernel, which reads them at a plain read's pace).
+pub const DENSE_MAX_K: usize = 1024;
+/// Blocks an SM the dense integer mat-vec asks for.
+const DENSE_MIN_BLOCKS: u32 = 6;
+/// Its group loop's unroll.
+const DENSE_UNROLL: u32 = 2;
 /// The most picks a down launch takes (a warp each).
 pub const MAX_PICKS: usize = 8;
 /// Threads of a down block with the most picks.
@@ -371,6 +380,88 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
 }}
 "#,
         entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &format!("{THREADS}, {GATE_UP_MIN_BLOCKS}"), &matvec_params()),
+        acc_decl = digit_sums("acc"),
+        acc_sum = digits_combined("acc"),
+    );
+    s
+}
+
+/// The dense Q8_0_R mat-vec's parameters: `out` (n floats) = every row of `w` (n rows of
+/// `row_bytes`, Q8_0_R) against x's digits.
+pub fn dense_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "out", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "w", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xd", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "xs", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "n" },
+        QParam::Scalar { name: "k" },
+        QParam::Scalar { name: "row_bytes" },
+    ]
+}
+
+/// Whether a decode token's mat-vec over every row of `ty` (`n` rows of `k`) takes
+/// [`MATVEC_Q8_0_R`]: Q8_0_R rows of at most [`DENSE_MAX_K`] values (`attn_q_b`'s 1024),
+/// whole blocks of rows.
+pub fn dense_fits(ty: GgmlType, n: usize, k: usize) -> bool {
+    ty == GgmlType::Q8_0R && k > 0 && k <= DENSE_MAX_K && k.is_multiple_of(64) && n > 0 && n.is_multiple_of(ROWS_PER_BLOCK)
+}
+
+/// The dense integer mat-vec's CUDA source: a token's Q8_0_R rows (two f16 scales, then
+/// 64 signed bytes a block) in dp4a against x's digits, four rows a warp, a lane a
+/// 32-value group of each (its scale and eight words), the group's digit words loaded once
+/// for the four rows.
+pub fn dense_source() -> String {
+    let mut s = format!("// {MATVEC_Q8_0_R}: a token's Q8_0_R mat-vec over every row in dp4a against x's digits (codegen/src/cuda_digits.rs).\n\n");
+    s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
+    let _ = write!(
+        s,
+        r#"
+{entry}    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long row0 = ((unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5)) * 4ull;
+    const unsigned char* const w = ds4_w + row0 * row_bytes;
+    const unsigned int* const xw = (const unsigned int*)ds4_xd;
+    const unsigned long long kw = k / 4ull;
+    float part[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    // Lane l takes the 32-value groups l, l + 32, ...: sub-block ib % 2 of block ib / 2
+    // (its scale d[ib % 2], its 32 signed bytes at 4 + 32 (ib % 2)).
+    #pragma unroll {unroll}
+    for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
+        uint4 xv[{DIGITS}][2];
+        #pragma unroll
+        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
+            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 4ull);
+            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + ib * 4ull);
+        }}
+        const float xscale = ds4_xs[ib];
+        #pragma unroll
+        for (unsigned int r = 0; r < 4u; r++) {{
+            const unsigned char* const blk = w + r * row_bytes + (ib / 2u) * 68u;
+            const float d = ds4_f16_to_f32_dot(*(const unsigned short*)(blk + 2u * (ib % 2u)));
+            const unsigned int* const qw = (const unsigned int*)(blk + 4u + 32u * (ib % 2u));
+            {acc_decl};
+            #pragma unroll
+            for (unsigned int c = 0; c < 8u; c++) {{
+                const int q = (int)qw[c];
+                #pragma unroll
+                for (unsigned int dg = 0; dg < {DIGITS}u; dg++) {{
+                    const unsigned int* const x4 = (const unsigned int*)&xv[dg][c / 4u];
+                    acc[dg] = __dp4a(q, (int)x4[c % 4u], acc[dg]);
+                }}
+            }}
+            part[r] = fmaf(d, ({acc_sum}) * xscale, part[r]);
+        }}
+    }}
+    #pragma unroll
+    for (unsigned int r = 0; r < 4u; r++) {{
+        float v = part[r];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0u) ds4_out[row0 + r] = v;
+    }}
+}}
+"#,
+        entry = crate::cuda::own_entry(MATVEC_Q8_0_R, &format!("{THREADS}, {DENSE_MIN_BLOCKS}"), &dense_params()),
+        unroll = DENSE_UNROLL,
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
     );

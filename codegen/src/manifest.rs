@@ -157,6 +157,12 @@ impl KernelSet {
                         for form in quant::cuda_matvec_dense::FORMS {
                             set.cuda.entry(form.name).or_default().insert(node.op.name());
                         }
+                        // Short rows in integers against x's digits (cuda_digits.rs).
+                        if row_len as usize <= cuda_digits::DENSE_MAX_K {
+                            for k in [cuda_digits::X_DIGITS, cuda_digits::MATVEC_Q8_0_R] {
+                                set.cuda.entry(k).or_default().insert(node.op.name());
+                            }
+                        }
                     }
                 }
             }

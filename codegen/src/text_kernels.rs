@@ -158,6 +158,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_digits::down_shared_bytes(),
             source: |t| cuda_only(t, cuda_digits::down_source),
         },
+        unshared(cuda_digits::MATVEC_Q8_0_R, TextParams::Own(cuda_digits::dense_params()), cuda_digits::THREADS, format!("\"grid\": \"[n / {}, 1, 1]\", \"block\": [{}, 1, 1], \"k\": \"<= {}\"", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS, cuda_digits::DENSE_MAX_K), |t| cuda_only(t, cuda_digits::dense_source)),
         unshared(cuda_f16_vec::NAME, TextParams::Own(cuda_f16_vec::params()), cuda_f16_vec::THREADS, format!("\"grid\": \"[ceil(n / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_f16_vec::ROWS, cuda_f16_vec::THREADS), |t| cuda_only(t, cuda_f16_vec::source)),
         dense_kernel(&cuda_matvec_dense::DENSE, cuda_matvec_dense::source, format!("> {}", cuda_matvec_dense::SHORT_MAX_K)),
         dense_kernel(&cuda_matvec_dense::SHORT, cuda_matvec_dense::short_source, format!("<= {}", cuda_matvec_dense::SHORT_MAX_K)),

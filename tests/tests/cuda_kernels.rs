@@ -521,6 +521,58 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
     }
 }
 
+/// `matvec_digits_q8_0_r` (a decode token's short Q8_0_R rows, `attn_q_b`'s, in dp4a
+/// against x's digits) against the f64 product of the de-quantized rows with x, to 1e-5
+/// of Σ|w·x| as every mat-vec; random scales and quants, x blocks of mixed magnitudes with
+/// zeros and a lone value, rows of 64 to the longest it takes.
+#[test]
+fn digits_dense_matches_the_f64_product() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (xk, mk) = (ks.get(cuda_digits::X_DIGITS).unwrap(), ks.get(cuda_digits::MATVEC_Q8_0_R).unwrap());
+    let ty = ds4_ir::GgmlType::Q8_0R;
+    let mut r = Rng(seed());
+    let u = |v: usize| Arg::U64(v as u64);
+    for &(n, k) in &[(16, 64), (48, 512), (2048, cuda_digits::DENSE_MAX_K)] {
+        assert!(cuda_digits::dense_fits(ty, n, k) && !cuda_digits::dense_fits(ty, n, 2 * cuda_digits::DENSE_MAX_K) && !cuda_digits::dense_fits(ty, n + 8, k));
+        let rb = ty.bytes_for(k as u64).unwrap() as usize;
+        let mut w: Vec<u8> = (0..n * rb).map(|_| r.range(0, 256) as u8).collect();
+        for b in w.chunks_exact_mut(68) {
+            for s in 0..2 {
+                let d = ds4_ir::quant::rt::f16::from_f32(r.uniform(-0.02, 0.02) as f32).to_bits().to_le_bytes();
+                b[2 * s..2 * s + 2].copy_from_slice(&d);
+            }
+        }
+        let mut x: Vec<f32> = Vec::with_capacity(k);
+        for b in 0..k / 32 {
+            let mag = 10f64.powf(r.uniform(-6.0, 3.0));
+            for j in 0..32 {
+                x.push(match b % 7 {
+                    3 => 0.0,
+                    5 if j != 9 => 0.0,
+                    _ => r.uniform(-mag, mag) as f32,
+                });
+            }
+        }
+        let out = dev.alloc(n * 4).unwrap();
+        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
+        let (wb, xb) = (dev.upload(&w).unwrap(), dev.upload(&x).unwrap());
+        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(k), Arg::F32(0.0), u(0)]).unwrap();
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), u(n), u(k), u(rb)];
+        launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 1, 1), (mk.threads, 1, 1), 0, &args).unwrap();
+        let got: Vec<f32> = out.read(n).unwrap();
+        let mut worst = 0f64;
+        for row in 0..n {
+            let mut wrow = vec![0f32; k];
+            ds4_ir::quant::dequantize_row(ty, &w[row * rb..][..rb], &mut wrow).unwrap();
+            let (want, norm) = wrow.iter().zip(&x).fold((0f64, 0f64), |(a, m), (&wv, &xv)| (a + wv as f64 * xv as f64, m + (wv as f64 * xv as f64).abs()));
+            worst = worst.max((got[row] as f64 - want).abs() / norm.max(1e-30));
+        }
+        println!("{}: {n} rows × {k}: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_Q8_0_R);
+        assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_Q8_0_R);
+    }
+}
+
 /// `matvec_digits_q2_k` (a decode token's Q2_K expert down in dp4a against the picks' x
 /// rows as digits, summed over the picks with their weights) against the f64 product of
 /// the de-quantized rows, to 1e-5 of Σ|w·x|; random blocks (scales, mins, planes, d and
