@@ -191,8 +191,11 @@ fn cpu_and_cuda_logits_agree_on_the_tiny_models() {
 }
 
 /// A q2 model whose routed experts fit `matvec_digits_iq2_xxs` (IQ2_XXS rows of whole
-/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs):
-/// decode steps one token at a time on CPU and CUDA, within `assert_cpu_and_cuda_agree`.
+/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs)
+/// and whose 256-value Q8_0 rows (`q_lora` 256: `attn_q_a`, `attn_q_b`, `attn_kv`, the
+/// shared expert's gate and up) are Q8_0_R on the device and take `matvec_digits_q8_0_r`
+/// (the tiny models' 64- and 128-value rows stay Q8_0): decode steps one token at a time
+/// on CPU and CUDA, within `assert_cpu_and_cuda_agree`.
 #[test]
 fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
     if skip() {
@@ -201,7 +204,7 @@ fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
     use ds4_model::gguf::GgufFile;
     use ds4_model::quantize::{quantize_file, Recipe};
     use ds4_model::synthetic::{build, SynthConfig};
-    let cfg = SynthConfig { d: 256, ff: 256, vocab: 512, name: "synthetic-256".into(), ..SynthConfig::tiny_default() };
+    let cfg = SynthConfig { d: 256, ff: 256, q_lora: 256, vocab: 512, name: "synthetic-256".into(), ..SynthConfig::tiny_default() };
     let dir = std::env::temp_dir().join(format!("ds4-cuda-golden-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (src, q2) = (dir.join("synthetic-256.gguf"), dir.join("synthetic-256-q2.gguf"));
