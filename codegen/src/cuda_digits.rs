@@ -275,6 +275,23 @@ fn digits_combined(name: &str) -> String {
     (1..DIGITS).rev().fold(format!("(float){name}[{}]", DIGITS - 1), |acc, p| format!("({acc}) * 0.0078125f + (float){name}[{}]", p - 1))
 }
 
+/// A lane's loads of one 32-value group of x: `words`, the group's first word in a digit
+/// plane (4 × the group; `xw` the digits as words, `kw` a plane's words), and `group`, its
+/// index (expressions): each digit plane's two 16-value halves as `xv[d][0..2]` (the
+/// layout [`digit_at`] states), and the group's scale as `xscale`.
+fn x_group_loads(words: &str, group: &str) -> String {
+    format!(
+        "        uint4 xv[{DIGITS}][2];
+        #pragma unroll
+        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
+            xv[d][0] = *(const uint4*)(xw + d * kw + {words});
+            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + {words});
+        }}
+        const float xscale = ds4_xs[{group}];
+"
+    )
+}
+
 /// Blocks an SM the gate-and-up kernel asks for in its launch bounds (80 registers).
 const GATE_UP_MIN_BLOCKS: u32 = 6;
 /// Blocks an SM the down kernel asks for in its launch bounds (80 registers).
@@ -333,14 +350,7 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
     // 2048 × 4096, standalone; the 64-bit counter kept the loop from unrolling).
     #pragma unroll 4
     for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
-        uint4 xv[{DIGITS}][2];
-        #pragma unroll
-        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
-            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 4ull);
-            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + ib * 4ull);
-        }}
-        const float xscale = ds4_xs[ib];
-        #pragma unroll
+{x_loads}        #pragma unroll
         for (unsigned int r = 0; r < 4u; r++) {{
             // The group's words: its four grid indices, then four sign patterns and the scale.
             const unsigned char* const blk = w + r * row_bytes + (ib / 8ull) * 66ull;
@@ -380,6 +390,7 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
 }}
 "#,
         entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &format!("{THREADS}, {GATE_UP_MIN_BLOCKS}"), &matvec_params()),
+        x_loads = x_group_loads("ib * 4ull", "ib"),
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
     );
@@ -427,14 +438,7 @@ pub fn dense_source() -> String {
     // (its scale d[ib % 2], its 32 signed bytes at 4 + 32 (ib % 2)).
     #pragma unroll {unroll}
     for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
-        uint4 xv[{DIGITS}][2];
-        #pragma unroll
-        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
-            xv[d][0] = *(const uint4*)(xw + d * kw + ib * 4ull);
-            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + ib * 4ull);
-        }}
-        const float xscale = ds4_xs[ib];
-        #pragma unroll
+{x_loads}        #pragma unroll
         for (unsigned int r = 0; r < 4u; r++) {{
             const unsigned char* const blk = w + r * row_bytes + (ib / 2u) * 68u;
             const float d = ds4_f16_to_f32_dot(*(const unsigned short*)(blk + 2u * (ib % 2u)));
@@ -461,6 +465,7 @@ pub fn dense_source() -> String {
 }}
 "#,
         entry = crate::cuda::own_entry(MATVEC_Q8_0_R, &format!("{THREADS}, {DENSE_MIN_BLOCKS}"), &dense_params()),
+        x_loads = x_group_loads("ib * 4ull", "ib"),
         unroll = DENSE_UNROLL,
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
@@ -496,14 +501,7 @@ pub fn down_source() -> String {
     #pragma unroll 2
     for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
         const unsigned long long e0 = p * k + ib * 32ull;
-        uint4 xv[{DIGITS}][2];
-        #pragma unroll
-        for (unsigned int d = 0; d < {DIGITS}u; d++) {{
-            xv[d][0] = *(const uint4*)(xw + d * kw + e0 / 8ull);
-            xv[d][1] = *(const uint4*)(xw + d * kw + kw / 2ull + e0 / 8ull);
-        }}
-        const float xscale = ds4_xs[e0 / 32ull];
-        const float xsum0 = ds4_xsum[e0 / 16ull], xsum1 = ds4_xsum[e0 / 16ull + 1ull];
+{x_loads}        const float xsum0 = ds4_xsum[e0 / 16ull], xsum1 = ds4_xsum[e0 / 16ull + 1ull];
         const unsigned int i = (unsigned int)(ib % 8ull);
         const unsigned int shift = 2u * (i % 4u);
         #pragma unroll
@@ -557,6 +555,7 @@ pub fn down_source() -> String {
 "#,
         store = crate::cuda_hc_expand::store_call(4, "row0", "0u", &|_| "y".into()),
         entry = crate::cuda::own_entry(MATVEC_Q2_K, &format!("{DOWN_MAX_THREADS}, {DOWN_MIN_BLOCKS}"), &down_params()),
+        x_loads = x_group_loads("e0 / 8ull", "e0 / 32ull"),
         a0_decl = digit_sums("a0"),
         a1_decl = digit_sums("a1").replacen("int ", "", 1),
         a0_sum = digits_combined("a0"),
