@@ -266,7 +266,7 @@ pub fn digits_of(x: &[f32; X_BLOCK]) -> ([[i8; X_BLOCK]; DIGITS], f32) {
 
 /// `int name[DIGITS] = {0, ...}`: a group's dp4a sums, one per digit plane.
 fn digit_sums(name: &str) -> String {
-    format!("int {name}[{DIGITS}] = {{{}}}", vec!["0"; DIGITS].join(", "))
+    format!("int {name}[{DIGITS}] = {{{}}}", ["0"; DIGITS].join(", "))
 }
 
 /// A group's digit sums `name[0..DIGITS]` combined in f32, the least significant first:
