@@ -519,9 +519,10 @@ impl GpuExecutor<'_> {
         Ok(Some(out))
     }
 
-    /// Whether the integer expert mat-vec `name` may run (`cuda_digits.rs`) and it and
-    /// `x_digits` are loaded. `DS4_DIGITS`: `0` none, `gate` only gate and up, `down` only
-    /// down (for measuring); both by default.
+    /// Whether the integer mat-vec `name` may run (`cuda_digits.rs`) and it and `x_digits`
+    /// are loaded. `DS4_DIGITS`: `0` none, `gate` only the experts' gate and up, `down`
+    /// only their down (for measuring); by default all three, and the dense one for short
+    /// Q8_0_R rows (`DS4_DIGITS_DENSE=0` turns that one off alone).
     fn digits_on(&self, name: &str) -> bool {
         static ONLY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         let only = ONLY.get_or_init(|| std::env::var("DS4_DIGITS").ok().filter(|v| matches!(v.as_str(), "0" | "gate" | "down")));
