@@ -1,5 +1,7 @@
-//! The routed experts' IQ2_XXS gate and up mat-vecs of a decode token in integer dot
-//! products (`dp4a`), with x split exactly into int8 digits. CUDA text.
+//! A decode token's mat-vecs in integer dot products (`dp4a`) against x split into int8
+//! digits, CUDA text: the routed experts' IQ2_XXS gate and up ([`MATVEC_IQ2_XXS`]) and
+//! Q2_K down ([`MATVEC_Q2_K`]), and short Q8_0_R rows ([`MATVEC_Q8_0_R`], `attn_q_b`),
+//! with [`X_DIGITS`], which makes the digits.
 //!
 //! The generated mat-vec (`quant/cuda_matvec.rs`) spends ~12 instructions a weight on
 //! IQ2_XXS (Nsight Compute on the H200: 19.6 M for 50 M weights, the issue slots 64% busy):
@@ -17,14 +19,14 @@
 //! value). Each group of 32 weights then takes three `dp4a` sums per word (one per digit,
 //! exact in int32: at most 43 · 127 · 32), combined in f32 as `(acc₂ 2^-7 + acc₁) 2^-7 +
 //! acc₀`, times 2^(E−7) and the group's scale. `cuda_kernels` holds the result to 1e-5
-//! of Σ|w·x| against the f64 product, as every mat-vec (measured ~5e-7 of the largest
-//! output on the harness below); llama.cpp's `q8_1` path rounds x to 8 bits.
+//! of Σ|w·x| against the f64 product, as every mat-vec (measured ~3e-7); llama.cpp's
+//! `q8_1` path rounds x to 8 bits.
 //!
 //! Three digits, not four (H100, a standalone harness of the generated kernels, six picks
 //! of 256 experts, µs a launch): gate and up 26.05 → 23.77, and 22.9 with
 //! `__launch_bounds__(128, 6)` (80 registers, six blocks an SM instead of five); the down
-//! 15.1 → 13.6 with `__launch_bounds__(256, 3)` (80 registers; four digits there spilled
-//! or kept 80 registers for 15.1). Four digits kept the block's largest value exact (28
+//! 15.1 → 13.6 with `__launch_bounds__(256, 3)` (80 registers; four digits took 15.1 at
+//! 80 and 16.0 at two blocks an SM). Four digits kept the block's largest value exact (28
 //! bits); the kernels are bound by issue and latency at low occupancy (Nsight Compute:
 //! 96 registers, 20 warps an SM, 6.8 cycles between a warp's instructions).
 //!
