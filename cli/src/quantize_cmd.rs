@@ -28,7 +28,7 @@ pub fn run(a: QuantizeArgs) -> Result<()> {
             return;
         }
         let w = 30;
-        let filled = if total == 0 { w } else { done * w / total };
+        let filled = (done * w).checked_div(total).unwrap_or(w);
         eprint!("\r[{}{}] {done}/{total} {name:<48}", "#".repeat(filled), " ".repeat(w - filled));
         std::io::stderr().flush().ok();
     };

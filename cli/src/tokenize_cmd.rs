@@ -78,6 +78,15 @@ fn tokenize_jsonl(tok: &Tokenizer, input: impl BufRead, name: &str, out: &mut im
     Ok(())
 }
 
+/// `ds4 tokenize`: the model's tokenizer, or the embedded DS4 one without `--model`.
+pub fn main(args: TokenizeArgs) -> Result<()> {
+    let tok = match &args.model {
+        Some(p) => load_tokenizer(p)?,
+        None => crate::text_model::embedded_tokenizer()?,
+    };
+    run(&args, &tok)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,13 +147,4 @@ mod tests {
         assert!(run_str(&args(None, None)).unwrap_err().to_string().contains("nothing to tokenize"));
         assert!(run_str(&args(Some("x"), Some("f".into()))).is_err());
     }
-}
-
-/// `ds4 tokenize`: the model's tokenizer, or the embedded DS4 one without `--model`.
-pub fn main(args: TokenizeArgs) -> Result<()> {
-    let tok = match &args.model {
-        Some(p) => load_tokenizer(p)?,
-        None => crate::text_model::embedded_tokenizer()?,
-    };
-    run(&args, &tok)
 }

@@ -156,7 +156,7 @@ impl HParams {
         if self.swiglu_clamp.len() != self.n_layer {
             return bad(format!("deepseek4.swiglu_clamp_exp has {} entries, block_count is {}", self.swiglu_clamp.len(), self.n_layer));
         }
-        if self.n_rot % 2 != 0 || self.n_rot > self.hd {
+        if !self.n_rot.is_multiple_of(2) || self.n_rot > self.hd {
             return bad(format!("deepseek4.rope.dimension_count = {} must be even and ≤ key_length {}", self.n_rot, self.hd));
         }
         if !(self.hd - self.n_rot).is_multiple_of(64) {

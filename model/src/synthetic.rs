@@ -197,7 +197,7 @@ pub fn build_writer(cfg: &SynthConfig) -> Result<GgufWriter, GgufError> {
         ("rope.scaling.original_context_length", 65536),
         ("nextn_predict_layers", 0),
     ] {
-        w.add_meta(&k(key), u(v))?;
+        w.add_meta(k(key), u(v))?;
     }
     for (key, v) in [
         ("hyper_connection.epsilon", 1e-6f32),
@@ -209,12 +209,12 @@ pub fn build_writer(cfg: &SynthConfig) -> Result<GgufWriter, GgufError> {
         ("expert_weights_scale", 1.5),
         ("attention.layer_norm_rms_epsilon", 1e-6),
     ] {
-        w.add_meta(&k(key), MetaValue::F32(v))?;
+        w.add_meta(k(key), MetaValue::F32(v))?;
     }
-    w.add_meta(&k("expert_weights_norm"), MetaValue::Bool(true))?;
-    w.add_meta(&k("expert_gating_func_name"), MetaValue::Str("sqrtsoftplus".into()))?;
-    w.add_meta(&k("attention.compress_ratios"), MetaValue::Array(cfg.ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect()))?;
-    w.add_meta(&k("swiglu_clamp_exp"), MetaValue::Array(vec![MetaValue::F32(10.0); cfg.n_layer]))?;
+    w.add_meta(k("expert_weights_norm"), MetaValue::Bool(true))?;
+    w.add_meta(k("expert_gating_func_name"), MetaValue::Str("sqrtsoftplus".into()))?;
+    w.add_meta(k("attention.compress_ratios"), MetaValue::Array(cfg.ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect()))?;
+    w.add_meta(k("swiglu_clamp_exp"), MetaValue::Array(vec![MetaValue::F32(10.0); cfg.n_layer]))?;
 
     let f32_bytes = |v: Vec<f32>| -> Vec<u8> { v.into_iter().flat_map(|x| x.to_le_bytes()).collect() };
     // A random matrix with ne = dims, scaled like a fan-in init.
@@ -283,7 +283,7 @@ pub fn build_writer(cfg: &SynthConfig) -> Result<GgufWriter, GgufError> {
                 .map(|i| (((i / cfg.top_k) * cfg.top_k + i % cfg.top_k) % cfg.n_expert) as i32)
                 .flat_map(|e| e.to_le_bytes())
                 .collect();
-            w.add_tensor(&format!("{p}.ffn_gate_tid2eid.weight"), GgmlType::I32, &[cfg.top_k as u64, cfg.vocab as u64], tbl).expect("sizes");
+            w.add_tensor(format!("{p}.ffn_gate_tid2eid.weight"), GgmlType::I32, &[cfg.top_k as u64, cfg.vocab as u64], tbl).expect("sizes");
         } else {
             const_t(&mut w, &format!("{p}.exp_probs_b.bias"), &[cfg.n_expert], 0.0);
         }
