@@ -668,7 +668,7 @@ impl Lower<'_> {
         let at = |k: usize| if k == 0 { base.clone() } else { format!("{base} + {}", self.idx(k as u64)) };
         let byte = |k: usize| s.byte(self.wbuf, &at(k));
         let assemble = |from: usize, count: usize| -> String {
-            if self.reads == Reads::Aligned && (count == 2 || count == 4) && gcd(align, from as u64) % count as u64 == 0 {
+            if self.reads == Reads::Aligned && (count == 2 || count == 4) && gcd(align, from as u64).is_multiple_of(count as u64) {
                 if let Some(v) = s.aligned_load(self.wbuf, &at(from), count as u64) {
                     return v;
                 }
@@ -980,7 +980,7 @@ impl Lower<'_> {
                 line(2, format!("if (ds4_tid == {}) {{", self.idx(0)));
                 line(3, format!("{}[ds4_by * n + row] = {total};", b("out")));
                 line(2, "}".into());
-                if !self.syn.block_sum("v").is_some() {
+                if self.syn.block_sum("v").is_none() {
                     // The shared tree's array is reused by the next row.
                     line(2, s.barrier());
                 }

@@ -56,7 +56,7 @@ impl Shape {
         let (be, sb) = (spec.block_elems as u64, spec.sub_block as u64);
         if sb % RUN == 0 {
             Shape::InSub { run: RUN }
-        } else if RUN % be == 0 && be % sb == 0 {
+        } else if RUN.is_multiple_of(be) && be.is_multiple_of(sb) {
             Shape::Blocks
         } else {
             Shape::InSub { run: sb }
@@ -183,7 +183,7 @@ impl Lower<'_> {
         // Read in place (`Reads::Aligned`), a run's words must be aligned ones: a funnel
         // shift's second word could lie past the last block.
         if self.reads == Reads::Aligned {
-            out.retain(|r| r.table || self.byte_run_align(r, run) % 4 == 0);
+            out.retain(|r| r.table || self.byte_run_align(r, run).is_multiple_of(4));
         }
         out
     }
