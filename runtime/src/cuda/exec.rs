@@ -341,7 +341,7 @@ impl GpuExecutor<'_> {
         }
         let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
         let w = self.weights.tensor(&c.w)?;
-        if n % c.nh != 0 || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || x.ptr() % 16 != 0 {
+        if !n.is_multiple_of(c.nh) || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || !x.ptr().is_multiple_of(16) {
             return Ok(None);
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
@@ -426,7 +426,7 @@ impl GpuExecutor<'_> {
             [_, heads, hd] => (heads, hd),
             _ => return Ok(None),
         };
-        if n == 0 || n > cuda_norm_rope::MAX_N || hd != n || n_rot > n || n_rot % 2 != 0 || n_out % n != 0 {
+        if n == 0 || n > cuda_norm_rope::MAX_N || hd != n || n_rot > n || !n_rot.is_multiple_of(2) || !n_out.is_multiple_of(n) {
             return Ok(None);
         }
         let w = match c.weight {
@@ -818,7 +818,7 @@ impl GpuExecutor<'_> {
     /// cores where a tile of rows stays inside one row group, else the SIMT kernel.
     #[allow(clippy::too_many_arguments)]
     fn matmul(&self, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize) -> Result<(), ExecError> {
-        if groups == 1 || ng % MMA_ROWS == 0 {
+        if groups == 1 || ng.is_multiple_of(MMA_ROWS) {
             self.matmul_launch(QuantKernelKind::MatMulMma, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(MMA_TOKENS), None)
         } else {
             self.matmul_launch(QuantKernelKind::MatMul, out, w, x, n, k, m, groups, ng, 1, None, m.div_ceil(TOKENS), None)

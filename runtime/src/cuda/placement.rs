@@ -191,8 +191,8 @@ fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool
         return Ok(ty);
     }
     let n = w.bytes.len();
-    if !tiles.contains_key(&ty) {
-        tiles.insert(ty, random_tile(ty).map_err(|e| CudaError(format!("{}: cannot make random {ty} data: {e}", w.name)))?);
+    if let std::collections::hash_map::Entry::Vacant(e) = tiles.entry(ty) {
+        e.insert(random_tile(ty).map_err(|e| CudaError(format!("{}: cannot make random {ty} data: {e}", w.name)))?);
     }
     let tile = &tiles[&ty];
     let first = tile.len().min(n);

@@ -41,7 +41,7 @@ pub fn chain_at(g: &Graph, scores: NodeId) -> Option<RouterChain> {
     let bias = g.weight_name(*g.inputs(biased).get(1)?)?.to_string();
     let x = g.inputs(*g.inputs(scores).first()?).first().copied();
     let experts = g.consumers(top_k).into_iter().find(|&c| matches!(g.node(c).op, Op::MoeExperts { .. }) && g.inputs(c).first().copied() == x);
-    (g.inputs(weights) == [scores, top_k]).then(|| RouterChain { biased, bias, top_k, weights, k, scale, normalize, experts })
+    (g.inputs(weights) == [scores, top_k]).then_some(RouterChain { biased, bias, top_k, weights, k, scale, normalize, experts })
 }
 
 #[cfg(test)]
