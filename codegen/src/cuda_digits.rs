@@ -649,6 +649,38 @@ mod tests {
         assert!(!s.contains("DS4_SIGNS"));
     }
 
+    /// The digit sums combine least significant first, each digit 2^-7 of the one before
+    /// it, as many as there are planes (what the host's `digits_of` splits off).
+    #[test]
+    fn digit_sums_combine_every_plane() {
+        assert_eq!(digit_sums("a"), format!("int a[{DIGITS}] = {{{}}}", ["0"; DIGITS].join(", ")));
+        let c = digits_combined("a");
+        for p in 0..DIGITS {
+            assert_eq!(c.matches(&format!("(float)a[{p}]")).count(), 1, "{c}");
+        }
+        assert_eq!(c.matches("0.0078125f").count(), DIGITS - 1, "{c}");
+        // Evaluated as the kernel does, it is Σ_p a[p] 2^-7p.
+        let a = [5i32, -3, 7, 2];
+        let want: f64 = (0..DIGITS).map(|p| a[p] as f64 * 128f64.powi(-(p as i32))).sum();
+        let got = (1..DIGITS).rev().fold(a[DIGITS - 1] as f64, |acc, p| acc * 0.0078125 + a[p - 1] as f64);
+        assert_eq!(got, want);
+    }
+
+    /// The dense integer mat-vec takes short Q8_0_R rows of whole blocks in whole groups
+    /// of rows, and reads the x group loads written once.
+    #[test]
+    fn dense_fits_short_q8_0_r_rows() {
+        assert!(dense_fits(GgmlType::Q8_0R, 32768, 1024) && dense_fits(GgmlType::Q8_0R, 16, 64));
+        assert!(!dense_fits(GgmlType::Q8_0R, 32768, 2048) && !dense_fits(GgmlType::Q8_0R, 32768, 96));
+        assert!(!dense_fits(GgmlType::Q8_0R, 40, 1024) && !dense_fits(GgmlType::Q8_0, 32768, 1024) && !dense_fits(GgmlType::Q8_0R, 0, 1024));
+        let src = dense_source();
+        assert!(src.contains(&format!("__launch_bounds__({THREADS}, {DENSE_MIN_BLOCKS}) {MATVEC_Q8_0_R}(")), "{}", &src[..300]);
+        for s in [dense_source(), matvec_source(), down_source()] {
+            assert_eq!(s.matches("uint4 xv[").count(), 1);
+            assert!(s.contains(&digits_combined("acc")) || s.contains(&digits_combined("a0")));
+        }
+    }
+
     #[test]
     fn fits_whole_blocks_of_their_types() {
         assert!(gate_up_fits(GgmlType::Iq2Xxs, 2048, 4096) && down_fits(GgmlType::Q2K, 4096, 2048, 6));
