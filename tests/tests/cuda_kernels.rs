@@ -212,6 +212,42 @@ fn hc_mix_warp_matches_hc_mix() {
     }
 }
 
+/// `x_digits` on `len` floats at `x` (with `swiglu`'s clamp: of the clamped SwiGLU of the
+/// gate rows `x` and the up rows `u`), as the runtime launches it: the digit planes, the
+/// scales and the sums.
+fn x_digits_on(dev: &Arc<Device>, xk: &Loaded, x: u64, u: u64, len: usize, swiglu: Option<f32>) -> (ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf) {
+    let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / cuda_digits::X_BLOCK * 4).unwrap(), dev.alloc(len / cuda_digits::SUM_SPAN * 4).unwrap());
+    let args = [Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(x), Arg::Ptr(u), Arg::U64(len as u64), Arg::F32(swiglu.unwrap_or(0.0)), Arg::U64(swiglu.is_some() as u64)];
+    launch(dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &args).unwrap();
+    (xd, xs, xsum)
+}
+
+/// x for the digit kernels' tests: 32-value blocks of 1e-6 to 1e3, every seventh a block
+/// of zeros and another with a lone value.
+fn mixed_blocks(r: &mut Rng, len: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = Vec::with_capacity(len);
+    for b in 0..len / 32 {
+        let mag = 10f64.powf(r.uniform(-6.0, 3.0));
+        for j in 0..32 {
+            x.push(match b % 7 {
+                3 => 0.0,
+                5 if j != 9 => 0.0,
+                _ => r.uniform(-mag, mag) as f32,
+            });
+        }
+    }
+    x
+}
+
+/// |got − w·x| / Σ|w·x| for one row of `ty` bytes against x, in f64 (the mat-vec bound's
+/// measure).
+fn row_error(ty: ds4_ir::GgmlType, row: &[u8], x: &[f32], got: f32) -> f64 {
+    let mut w = vec![0f32; x.len()];
+    ds4_ir::quant::dequantize_row(ty, row, &mut w).unwrap();
+    let (want, norm) = w.iter().zip(x).fold((0f64, 0f64), |(a, m), (&wv, &xv)| (a + wv as f64 * xv as f64, m + (wv as f64 * xv as f64).abs()));
+    (got as f64 - want).abs() / norm.max(1e-30)
+}
+
 /// `x_digits` and `matvec_digits_iq2_xxs` (a decode token's IQ2_XXS expert gate and up in
 /// dp4a against x split into int8 digits): the digits give back every value truncated
 /// toward zero to within 2^(E-7·DIGITS) (|x| < 2^E in its block), and the
@@ -235,23 +271,11 @@ fn digits_experts_match_the_f64_product() {
             b[..2].copy_from_slice(&d);
         }
         let (wg, wu) = bytes.split_at(experts * n * rb);
-        // x blocks of 1e-6 to 1e3, one block of zeros, one with a lone value.
-        let mut x: Vec<f32> = Vec::with_capacity(k);
-        for b in 0..k / 32 {
-            let mag = 10f64.powf(r.uniform(-6.0, 3.0));
-            for j in 0..32 {
-                x.push(match b % 7 {
-                    3 => 0.0,
-                    5 if j != 9 => 0.0,
-                    _ => r.uniform(-mag, mag) as f32,
-                });
-            }
-        }
+        let x = mixed_blocks(&mut r, k);
         let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
         let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
-        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
         let (wgb, wub, xb, sb) = (dev.upload(wg).unwrap(), dev.upload(wu).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(k), Arg::F32(0.0), u(0)]).unwrap();
+        let (xd, xs, xsum) = x_digits_on(&dev, xk, xb.ptr, xb.ptr, k, None);
         let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rb), u(picks)];
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         // The digits give x back.
@@ -277,16 +301,9 @@ fn digits_experts_match_the_f64_product() {
             let got: Vec<f32> = out.read(picks * n).unwrap();
             for p in 0..picks {
                 for row in 0..n {
-                    let (mut want, mut norm) = (0f64, 0f64);
-                    if sel[p] >= 0 {
-                        let mut wrow = vec![0f32; k];
-                        ds4_ir::quant::dequantize_row(ty, &w[(sel[p] as usize * n + row) * rb..][..rb], &mut wrow).unwrap();
-                        for (a, b) in wrow.iter().zip(&x) {
-                            want += *a as f64 * *b as f64;
-                            norm += (*a as f64 * *b as f64).abs();
-                        }
-                    }
-                    worst = worst.max((got[p * n + row] as f64 - want).abs() / norm.max(1e-30));
+                    let g = got[p * n + row];
+                    // An unused pick's row is 0 against nothing (checked below).
+                    worst = worst.max(if sel[p] >= 0 { row_error(ty, &w[(sel[p] as usize * n + row) * rb..][..rb], &x, g) } else { g.abs() as f64 / 1e-30 });
                     if sel[p] < 0 {
                         assert_eq!(got[p * n + row], 0.0, "an unused pick's rows are zero");
                     }
@@ -543,31 +560,14 @@ fn digits_dense_matches_the_f64_product() {
                 b[2 * s..2 * s + 2].copy_from_slice(&d);
             }
         }
-        let mut x: Vec<f32> = Vec::with_capacity(k);
-        for b in 0..k / 32 {
-            let mag = 10f64.powf(r.uniform(-6.0, 3.0));
-            for j in 0..32 {
-                x.push(match b % 7 {
-                    3 => 0.0,
-                    5 if j != 9 => 0.0,
-                    _ => r.uniform(-mag, mag) as f32,
-                });
-            }
-        }
+        let x = mixed_blocks(&mut r, k);
         let out = dev.alloc(n * 4).unwrap();
-        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
         let (wb, xb) = (dev.upload(&w).unwrap(), dev.upload(&x).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(k) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(k), Arg::F32(0.0), u(0)]).unwrap();
+        let (xd, xs, _xsum) = x_digits_on(&dev, xk, xb.ptr, xb.ptr, k, None);
         let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), u(n), u(k), u(rb)];
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 1, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         let got: Vec<f32> = out.read(n).unwrap();
-        let mut worst = 0f64;
-        for row in 0..n {
-            let mut wrow = vec![0f32; k];
-            ds4_ir::quant::dequantize_row(ty, &w[row * rb..][..rb], &mut wrow).unwrap();
-            let (want, norm) = wrow.iter().zip(&x).fold((0f64, 0f64), |(a, m), (&wv, &xv)| (a + wv as f64 * xv as f64, m + (wv as f64 * xv as f64).abs()));
-            worst = worst.max((got[row] as f64 - want).abs() / norm.max(1e-30));
-        }
+        let worst = (0..n).map(|row| row_error(ty, &w[row * rb..][..rb], &x, got[row])).fold(0f64, f64::max);
         println!("{}: {n} rows × {k}: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_Q8_0_R);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_Q8_0_R);
     }
@@ -606,9 +606,8 @@ fn digits_down_matches_the_f64_product() {
         let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
         let wts: Vec<f32> = f32s(&mut r, picks, 0.1, 1.5);
         let len = picks * k;
-        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
         let (wb, xb, sb, wtb, out) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap(), dev.upload(&wts).unwrap(), dev.alloc(n * 4).unwrap());
-        launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(len), Arg::F32(0.0), u(0)]).unwrap();
+        let (xd, xs, xsum) = x_digits_on(&dev, xk, xb.ptr, xb.ptr, len, None);
         // The digits of a SwiGLU made by `x_digits` from gate and up rows (`swiglu` 1): the
         // same bytes and floats as the `swiglu` op kernel's output taken apart.
         {
@@ -618,8 +617,7 @@ fn digits_down_matches_the_f64_product() {
             let sk = ks.get("swiglu").unwrap();
             launch(&dev, &sk.func, (1, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(h.ptr), Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), u(len), Arg::F32(clamp)]).unwrap();
             let digits = |x: u64, u_rows: u64, on: bool| {
-                let (d, sc, sm) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / 32 * 4).unwrap(), dev.alloc(len / 16 * 4).unwrap());
-                launch(&dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &[Arg::Ptr(d.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(sm.ptr), Arg::Ptr(x), Arg::Ptr(u_rows), u(len), Arg::F32(clamp), u(on as usize)]).unwrap();
+                let (d, sc, sm) = x_digits_on(&dev, xk, x, u_rows, len, on.then_some(clamp));
                 let (sc, sm): (Vec<f32>, Vec<f32>) = (sc.read(len / 32).unwrap(), sm.read(len / 16).unwrap());
                 (d.read::<u8>(cuda_digits::digit_bytes(len)).unwrap(), sc.iter().chain(&sm).map(|v| v.to_bits()).collect::<Vec<u32>>())
             };
@@ -711,14 +709,13 @@ fn router_select_matches_the_chain_it_fuses() {
         x[32..64].fill(0.0);
         x[70] = f32::INFINITY;
         let xb = dev.upload(&x).unwrap();
-        let digits = |dev: &Arc<Device>| (dev.alloc(cuda_digits::digit_bytes(xlen)).unwrap(), dev.alloc(xlen / 32 * 4).unwrap(), dev.alloc(xlen / 16 * 4).unwrap());
-        let ((xd, xs, xsum), (wd, ws, wsum)) = (digits(&dev), digits(&dev));
+        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(xlen)).unwrap(), dev.alloc(xlen / 32 * 4).unwrap(), dev.alloc(xlen / 16 * 4).unwrap());
         let (sel2, wts2) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
         let mut args2 = vec![Arg::Ptr(sel2.ptr), Arg::Ptr(wts2.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
         args2.extend([Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(xlen), u(tokens)]);
         let blocks = tokens + (xlen / 32).div_ceil(cuda_router::threads(n) as usize / 32);
         launch(&dev, &with_digits.func, (blocks as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args2).unwrap();
-        launch(&dev, &x_digits.func, (cuda_digits::x_digits_blocks(xlen) as u32, 1, 1), (x_digits.threads, 1, 1), 0, &[Arg::Ptr(wd.ptr), Arg::Ptr(ws.ptr), Arg::Ptr(wsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(xb.ptr), u(xlen), Arg::F32(0.0), u(0)]).unwrap();
+        let (wd, ws, wsum) = x_digits_on(&dev, x_digits, xb.ptr, xb.ptr, xlen, None);
         assert_eq!(sel2.read::<i32>(tokens * k).unwrap(), want_sel, "router_select_digits picks ({tokens} tokens, {n} experts, k {k})");
         let bits = |b: &ds4_runtime::cuda::DeviceBuf, len: usize| b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
         assert_eq!(bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
