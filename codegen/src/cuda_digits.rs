@@ -413,11 +413,24 @@ pub fn dense_params() -> Vec<QParam> {
     ]
 }
 
-/// Whether a decode token's mat-vec over every row of `ty` (`n` rows of `k`) takes
-/// [`MATVEC_Q8_0_R`]: Q8_0_R rows of at most [`DENSE_MAX_K`] values (`attn_q_b`'s 1024),
+/// Whether a mat-vec of `n` rows of `ty` by `k` takes [`MATVEC_Q8_0_R`]: one token (`m`),
+/// one pick, one x for every row (one row group, no x divisor), every row (no selection,
+/// no pick weights), Q8_0_R rows of at most [`DENSE_MAX_K`] values (`attn_q_b`'s 1024),
 /// whole blocks of rows.
-pub fn dense_fits(ty: GgmlType, n: usize, k: usize) -> bool {
-    ty == GgmlType::Q8_0R && k > 0 && k <= DENSE_MAX_K && k.is_multiple_of(64) && n > 0 && n.is_multiple_of(ROWS_PER_BLOCK)
+#[allow(clippy::too_many_arguments)]
+pub fn dense_fits(ty: GgmlType, n: usize, k: usize, m: usize, groups: usize, picks: usize, x_div: usize, selected: bool, weighted: bool) -> bool {
+    m == 1
+        && groups == 1
+        && picks == 1
+        && x_div == 1
+        && !selected
+        && !weighted
+        && ty == GgmlType::Q8_0R
+        && k > 0
+        && k <= DENSE_MAX_K
+        && k.is_multiple_of(64)
+        && n > 0
+        && n.is_multiple_of(ROWS_PER_BLOCK)
 }
 
 /// The dense integer mat-vec's CUDA source: a token's Q8_0_R rows (two f16 scales, then
@@ -670,9 +683,14 @@ mod tests {
     /// of rows, and reads the x group loads written once.
     #[test]
     fn dense_fits_short_q8_0_r_rows() {
-        assert!(dense_fits(GgmlType::Q8_0R, 32768, 1024) && dense_fits(GgmlType::Q8_0R, 16, 64));
-        assert!(!dense_fits(GgmlType::Q8_0R, 32768, 2048) && !dense_fits(GgmlType::Q8_0R, 32768, 96));
-        assert!(!dense_fits(GgmlType::Q8_0R, 40, 1024) && !dense_fits(GgmlType::Q8_0, 32768, 1024) && !dense_fits(GgmlType::Q8_0R, 0, 1024));
+        let fits = |ty, n, k| dense_fits(ty, n, k, 1, 1, 1, 1, false, false);
+        assert!(fits(GgmlType::Q8_0R, 32768, 1024) && fits(GgmlType::Q8_0R, 16, 64));
+        assert!(!fits(GgmlType::Q8_0R, 32768, 2048) && !fits(GgmlType::Q8_0R, 32768, 96));
+        assert!(!fits(GgmlType::Q8_0R, 40, 1024) && !fits(GgmlType::Q8_0, 32768, 1024) && !fits(GgmlType::Q8_0R, 0, 1024));
+        // A prefill's tokens, row groups, picks, an x divisor, a selection or pick weights: not this kernel.
+        let (ty, n, k) = (GgmlType::Q8_0R, 32768, 1024);
+        assert!(!dense_fits(ty, n, k, 2, 1, 1, 1, false, false) && !dense_fits(ty, n, k, 1, 8, 1, 1, false, false) && !dense_fits(ty, n, k, 1, 1, 6, 1, false, false));
+        assert!(!dense_fits(ty, n, k, 1, 1, 1, 2, false, false) && !dense_fits(ty, n, k, 1, 1, 1, 1, true, false) && !dense_fits(ty, n, k, 1, 1, 1, 1, false, true));
         let src = dense_source();
         assert!(src.contains(&format!("__launch_bounds__({THREADS}, {DENSE_MIN_BLOCKS}) {MATVEC_Q8_0_R}(")), "{}", &src[..300]);
         for s in [dense_source(), matvec_source(), down_source()] {

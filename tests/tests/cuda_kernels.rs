@@ -551,7 +551,8 @@ fn digits_dense_matches_the_f64_product() {
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
     for &(n, k) in &[(16, 64), (48, 512), (2048, cuda_digits::DENSE_MAX_K)] {
-        assert!(cuda_digits::dense_fits(ty, n, k) && !cuda_digits::dense_fits(ty, n, 2 * cuda_digits::DENSE_MAX_K) && !cuda_digits::dense_fits(ty, n + 8, k));
+        let fits = |n, k| cuda_digits::dense_fits(ty, n, k, 1, 1, 1, 1, false, false);
+        assert!(fits(n, k) && !fits(n, 2 * cuda_digits::DENSE_MAX_K) && !fits(n + 8, k));
         let rb = ty.bytes_for(k as u64).unwrap() as usize;
         let mut w: Vec<u8> = (0..n * rb).map(|_| r.range(0, 256) as u8).collect();
         for b in w.chunks_exact_mut(68) {

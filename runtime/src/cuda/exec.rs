@@ -746,7 +746,7 @@ impl GpuExecutor<'_> {
         }
         // A token's short Q8_0_R rows (`attn_q_b`) in dp4a against x's digits
         // (cuda_digits.rs; `DS4_DIGITS_DENSE=0` turns it off).
-        if m == 1 && picks == 1 && x_div == 1 && groups == 1 && sel.is_none() && wts.is_none() && expand.is_none() && cuda_digits::dense_fits(w.ty, n, k) && w.ptr.is_multiple_of(4) && !switched_off!("DS4_DIGITS_DENSE") && self.digits_on(cuda_digits::MATVEC_Q8_0_R) {
+        if expand.is_none() && cuda_digits::dense_fits(w.ty, n, k, m, groups, picks, x_div, sel.is_some(), wts.is_some()) && w.ptr.is_multiple_of(4) && !switched_off!("DS4_DIGITS_DENSE") && self.digits_on(cuda_digits::MATVEC_Q8_0_R) {
             let (xd, xs, _xsum) = self.x_digits(x, k, None)?;
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k)))];
             self.call(cuda_digits::MATVEC_Q8_0_R, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 1), &named)?;
