@@ -113,11 +113,17 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         w_first[j] = i < n4 ? __ldg(wr + i) : make_uint2(0u, 0u);
     }}
 {wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
+    // The first loads stay in registers for the collapse (`held`, below).
     float ss_part = 0.0f, dot_part = 0.0f;
+    float4 xr[{PREFETCH}];
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
         const unsigned int i = threadIdx.x + j * blockDim.x;
-        if (i < n4) ds4_add_terms(x[i], w_first[j], ss_part, dot_part);
+        xr[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }}
+    #pragma unroll
+    for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+        if (threadIdx.x + j * blockDim.x < n4) ds4_add_terms(xr[j], w_first[j], ss_part, dot_part);
     }}
     #pragma unroll 4
     for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(x[i], wr[i], ss_part, dot_part);
@@ -164,6 +170,31 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? __ldcg(mix + i) : 0.0f;
     const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
+    const float4* const nw = (const float4*)ds4_norm_w;
+    float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
+    // A stream of one float4 a thread and no more streams than the sums' first loads:
+    // thread t holds x[i·d4 + t] of every stream i in xr[i] (DeepSeek-V4-Flash: 4 streams
+    // of 4096, 1024 threads). Its output from those, the same floats as the loop below
+    // (which read the 64 KB of streams again from L2 in one block: 1.0 of the kernel's
+    // 4.7 µs, H200, a globaltimer read in the block), and the norm's from the sum it keeps.
+    if (d4 == blockDim.x && h <= {PREFETCH}u) {{
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        #pragma unroll
+        for (unsigned int i = 0; i < {PREFETCH}u; i++) {{
+            if (i < h) {{
+                const float4 v = xr[i];
+                acc.x += pre[i] * v.x; acc.y += pre[i] * v.y; acc.z += pre[i] * v.z; acc.w += pre[i] * v.w;
+            }}
+        }}
+        y[threadIdx.x] = acc;
+        if (has_norm == 0) return;
+        float yy_one = 0.0f;
+        yy_one += acc.x * acc.x; yy_one += acc.y * acc.y; yy_one += acc.z * acc.z; yy_one += acc.w * acc.w;
+        const float inv_one = 1.0f / sqrtf(ds4_block_sum(yy_one) / (float)d + eps_a);
+        const float4 g = nw[threadIdx.x];
+        a[threadIdx.x] = make_float4(acc.x * inv_one * g.x, acc.y * inv_one * g.y, acc.z * inv_one * g.z, acc.w * inv_one * g.w);
+        return;
+    }}
     float yy_part = 0.0f;
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -182,8 +213,6 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     // the outputs it wrote.
     const float yy = ds4_block_sum(yy_part);
     const float inv_a = 1.0f / sqrtf(yy / (float)d + eps_a);
-    const float4* const nw = (const float4*)ds4_norm_w;
-    float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         const float4 v = y[c];
         const float4 g = nw[c];

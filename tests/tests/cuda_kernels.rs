@@ -980,8 +980,9 @@ fn indexer_scores_vec_is_the_cpus_floats() {
 /// norm in one launch) against the kernels it replaces, launched one after another on the
 /// same inputs: the mix, the collapse and its norm agree to 2e-5 of their largest value
 /// (the norm's and the projection's sums are added in other orders, the projection scaled
-/// once), for 1 to `MAX_TOKENS` tokens; its ticket counters return to zero, so a second
-/// launch gives the same floats bit for bit.
+/// once), for 1 to `MAX_TOKENS` tokens, streams of DeepSeek-V4-Flash's 4096 values (the
+/// collapse from registers) and of other lengths; its ticket counters return to zero, so
+/// a second launch gives the same floats bit for bit.
 #[test]
 fn hc_pre_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
@@ -991,7 +992,10 @@ fn hc_pre_matches_the_chain_it_fuses() {
     let counters = dev.upload(&[0i32; cuda_hc_pre::COUNTERS]).unwrap();
     for case in 0..6 {
         let nh = if case == 5 { 5 } else { 4 };
-        let (d, tokens, iters) = (4 * r.range(16, 1025), r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
+        // Cases 0 and 1 at DeepSeek-V4-Flash's 4096 values a stream: a float4 of each
+        // stream a thread, its collapse from the registers of its sums' loads.
+        let d = if case < 2 { 4096 } else { 4 * r.range(16, 1025) };
+        let (tokens, iters) = (r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
         let (n, mw) = (nh * d, 2 * nh + nh * nh);
         let (x, wf, scale, base) = (f32s(&mut r, tokens * n, -3.0, 3.0), f32s(&mut r, mw * n, -0.05, 0.05), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
         let mut w = vec![0u8; mw * n * 2];
