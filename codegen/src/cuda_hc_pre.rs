@@ -44,7 +44,8 @@ pub const MAX_TOKENS: usize = 8;
 pub const COUNTERS: usize = 2 * MAX_TOKENS;
 
 /// Parameters in launch order; `a` and `norm_w` are read and written only when
-/// `has_norm` is 1.
+/// `has_norm` is 1; with `comb` 0 the combination blocks store their projections and
+/// leave the Sinkhorn to an [`HC_COMB`] launch.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
@@ -64,7 +65,54 @@ pub fn params() -> Vec<QParam> {
         QParam::Float { name: "eps_mix" },
         QParam::Scalar { name: "has_norm" },
         QParam::Float { name: "eps_a" },
+        QParam::Scalar { name: "comb" },
     ]
+}
+
+/// `hc_pre`'s Sinkhorn as a launch of its own: the combination entries of the mix from
+/// the projections an `hc_pre` launch with `comb` 0 stored. Why: `hc_pre`'s grid ends with
+/// the Sinkhorn (20 passes in one warp, 2.8 µs after its blocks' ticket; the collapse
+/// block ends 1.5 µs before it, H200, a globaltimer read in the blocks), and the launch
+/// after it (the router's mat-vec, `q_a`) waits for the whole grid, while only
+/// `hc_expand`, after the sublayer, reads the entries. The runtime launches it on a side
+/// lane that has time to spare (the shared expert's, `runtime/src/cuda/exec.rs`).
+pub const HC_COMB: &str = "hc_comb";
+
+/// [`HC_COMB`]'s parameters: the mix (its entries 2·nh.. written), the projections, the
+/// mix's scale and base, nh, the Sinkhorn's passes and eps.
+pub fn comb_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "proj", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "scale", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "base", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "nh" },
+        QParam::Scalar { name: "iters" },
+        QParam::Float { name: "eps_mix" },
+    ]
+}
+
+/// [`HC_COMB`]'s source: warp 0 of block t, token t's entries, the lane function the
+/// `hc_pre` block runs on the same projections (the same floats). Launch: grid (tokens), 32
+/// threads.
+pub fn comb_source() -> String {
+    let mut s = format!("// {HC_COMB}: hc_pre's Sinkhorn as a launch of its own (codegen/src/cuda_hc_pre.rs).\n\n");
+    s.push_str(&format!("#define DS4_MAX_NH {}u\n", cuda_hc_mix::MAX_NH));
+    s.push_str(cuda_hc_mix::HELPERS);
+    s.push_str(&format!(
+        r#"
+{entry}    const unsigned int h = (unsigned int)nh;
+    const unsigned int mw = 2 * h + h * h;
+    const unsigned long long item = blockIdx.x;
+    __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
+    if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = ds4_proj[item * mw + 2 * h + threadIdx.x];
+    __syncwarp();
+    ds4_hc_comb_lane(ds4_mix + item * mw, m, ds4_scale, ds4_base, h, iters, eps_mix, threadIdx.x);
+}}
+"#,
+        entry = crate::cuda::own_entry(HC_COMB, "32", &comb_params()),
+    ));
+    s
 }
 
 /// Whether a chain of `nh` streams of `d` values and `tokens` tokens can take the fused
@@ -136,8 +184,9 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     if (row >= 2 * h) {{
         // A combination entry: the last of the nh² blocks (ticket nh² - 1) runs the
         // Sinkhorn in warp 0, on the projections from L2.
+        if (threadIdx.x == 0) ds4_proj[item * mw + row] = p;
+        if (comb == 0ull) return;
         if (threadIdx.x == 0) {{
-            ds4_proj[item * mw + row] = p;
             __threadfence();
             last = atomicAdd(&ds4_counters[2 * item + 1], 1) == (int)(h * h) - 1;
         }}

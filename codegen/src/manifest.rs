@@ -71,7 +71,7 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
         Op::Attention { .. } => &[cuda_attention::NAME, cuda_attention_merge::NAME, cuda_attention_merge::ROPE_NAME],
         // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
         // projection, mix, collapse) in one launch.
-        Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME],
+        Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME, cuda_hc_pre::HC_COMB],
         // A row's RMS norm, RoPE and FP8 round trip in one launch (the attention's query
         // heads and KV row); a RoPE and the Hadamard transform after it (the indexer's query).
         Op::Rope { .. } => &[cuda_norm_rope::NAME, cuda_norm_rope::ROPE_HADAMARD],

@@ -175,6 +175,22 @@ pub struct GpuExecutor<'a> {
     /// x's digits made by the routing's launch for the experts' gate and up
     /// (`router_select`), taken by them (`digits_experts`).
     pub digits_ahead: std::cell::RefCell<Option<DigitsAhead>>,
+    /// An `hc_pre` launch's Sinkhorn, left for the shared expert's side lane (`hc_pre`,
+    /// `launch_comb`).
+    pub comb_pending: std::cell::RefCell<Option<CombPending>>,
+}
+
+/// The `hc_comb` launch an `hc_pre` launch left (`cuda_hc_pre::HC_COMB`): its arguments,
+/// and the projections' buffer, kept until it is launched.
+pub struct CombPending {
+    proj: DeviceBuf,
+    mix: u64,
+    scale: u64,
+    base: u64,
+    nh: usize,
+    iters: usize,
+    eps_mix: f32,
+    tokens: usize,
 }
 
 /// The digits of the `len` floats at `x` (`x_digits`' outputs), made ahead of their use.
@@ -346,6 +362,13 @@ impl GpuExecutor<'_> {
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
+        // The Sinkhorn on the shared expert's side lane where the collapse's norm feeds
+        // one (the FFN's): that lane has time to spare before the routed experts' down
+        // joins it, where the launch after this one would wait for the Sinkhorn.
+        // `DS4_COMB_BESIDE=0` keeps it in this launch.
+        let beside = !switched_off!("DS4_COMB_BESIDE")
+            && self.kernels.by_name.contains_key(cuda_hc_pre::HC_COMB)
+            && c.norm.as_ref().is_some_and(|(id, _, _)| self.graph.consumers(*id).iter().any(|&r| self.lane_of(r) == Some(Branch::SharedExpert)));
         // The collapse's norm too, where its weight is a vector of d floats.
         let norm = match &c.norm {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
@@ -370,13 +393,28 @@ impl GpuExecutor<'_> {
             ("eps_mix", Arg::F32(c.eps_mix)),
             ("has_norm", u(norm.is_some() as usize)),
             ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
+            ("comb", u(!beside as usize)),
         ];
         self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
+        if beside {
+            let (scale, base) = (self.weights.vector(&c.scale)?.ptr, self.weights.vector(&c.base)?.ptr);
+            self.launch_comb()?;
+            self.comb_pending.replace(Some(CombPending { proj, mix: mix.ptr, scale, base, nh: c.nh, iters: c.iters, eps_mix: c.eps_mix, tokens }));
+        }
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
         Ok(Some(made))
+    }
+
+    /// Launches the Sinkhorn an `hc_pre` launch left (`comb_pending`), if any, on the lane
+    /// the executor is on.
+    fn launch_comb(&self) -> Result<(), ExecError> {
+        let Some(p) = self.comb_pending.take() else { return Ok(()) };
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [("mix", Arg::Ptr(p.mix)), ("proj", Arg::Ptr(p.proj.ptr)), ("scale", Arg::Ptr(p.scale)), ("base", Arg::Ptr(p.base)), ("nh", u(p.nh)), ("iters", u(p.iters)), ("eps_mix", Arg::F32(p.eps_mix))];
+        self.call(cuda_hc_pre::HC_COMB, (p.tokens as u32, 1), &named)
     }
 
     /// A RoPE op's frequencies on the device (uploaded once per table), its positions' base
@@ -1008,6 +1046,11 @@ impl GpuExecutor<'_> {
             // The shared expert and the attention's query on side branches of the step's
             // graph, joined where their output is read.
             self.lane_for(id, &ins)?;
+            // The Sinkhorn an `hc_pre` left: first on the shared expert's lane, or before
+            // the routed experts (whose down makes the expand that reads it) at the latest.
+            if self.lane_of(id) == Some(Branch::SharedExpert) || matches!(node.op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
+                self.launch_comb()?;
+            }
             let t_node = profile::start(self.dev)?;
             let value = match &node.op {
                 Op::Input { name, .. } => match name.as_str() {
@@ -1412,6 +1455,8 @@ impl GpuExecutor<'_> {
             profile::stop(self.dev, t_node, node.op.name(), label)?;
             settle(&mut vals, id, value, &ins, step, last_use);
         }
+        // A Sinkhorn no node took (none should be left).
+        self.launch_comb()?;
         state.trim(bind.pos0 + bind.tokens);
         let mut outs = HashMap::new();
         if let Some(picks) = greedy {
