@@ -976,6 +976,8 @@ impl GpuExecutor<'_> {
         // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
         // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
+        // A Sinkhorn left by a run that failed part way: its mix is no longer this run's.
+        drop(self.comb_pending.take());
         state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
