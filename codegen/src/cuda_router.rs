@@ -160,10 +160,7 @@ __device__ __forceinline__ void ds4_router_block(const unsigned long long block,
                 unsigned long long best = 0ull;
                 #pragma unroll
                 for (unsigned int i = 0u; i < {lane_keys}u; i++) best = mine[i] > best ? mine[i] : best;
-                for (int o = 16; o > 0; o >>= 1) {{
-                    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-                    best = other > best ? other : best;
-                }}
+                best = ds4_warp_max_key(best);
                 if (best == 0ull) {{
                     break;
                 }}
@@ -182,10 +179,7 @@ __device__ __forceinline__ void ds4_router_block(const unsigned long long block,
                     const unsigned long long key = ds4_keys[e];
                     best = key > best ? key : best;
                 }}
-                for (int o = 16; o > 0; o >>= 1) {{
-                    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-                    best = other > best ? other : best;
-                }}
+                best = ds4_warp_max_key(best);
                 if (best == 0ull) {{
                     break;
                 }}

@@ -82,6 +82,15 @@ __device__ __forceinline__ int ds4_top_k_index(const unsigned long long key) {
     return (int)(0xffffffffu - (unsigned int)key);
 }
 
+// The largest of the warp's lanes' keys `best`, in every lane (a shuffle tree).
+__device__ __forceinline__ unsigned long long ds4_warp_max_key(unsigned long long best) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    return best;
+}
+
 // Sorts `len` keys (a power of two) descending, by the whole block: a bitonic network,
 // merges of `span` keys each a pass per `stride`, the pair (lo, lo + stride) ordered
 // descending where lo's bit `span` is clear; a barrier after every pass.
