@@ -221,49 +221,35 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     const float4* const nw = (const float4*)ds4_norm_w;
     float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
-    // A stream of one float4 a thread and no more streams than the sums' first loads:
-    // thread t holds x[i·d4 + t] of every stream i in xr[i] (DeepSeek-V4-Flash: 4 streams
-    // of 4096, 1024 threads). Its output from those, the same floats as the loop below
-    // (which read the 64 KB of streams again from L2 in one block: 1.0 of the kernel's
-    // 4.7 µs, H200, a globaltimer read in the block), and the norm's from the sum it keeps.
-    if (d4 == blockDim.x && h <= {PREFETCH}u) {{
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        #pragma unroll
-        for (unsigned int i = 0; i < {PREFETCH}u; i++) {{
-            if (i < h) {{
-                const float4 v = xr[i];
-                acc.x += pre[i] * v.x; acc.y += pre[i] * v.y; acc.z += pre[i] * v.z; acc.w += pre[i] * v.w;
-            }}
-        }}
-        y[threadIdx.x] = acc;
-        if (has_norm == 0) return;
-        float yy_one = 0.0f;
-        yy_one += acc.x * acc.x; yy_one += acc.y * acc.y; yy_one += acc.z * acc.z; yy_one += acc.w * acc.w;
-        const float inv_one = 1.0f / sqrtf(ds4_block_sum(yy_one) / (float)d + eps_a);
-        const float4 g = nw[threadIdx.x];
-        a[threadIdx.x] = make_float4(acc.x * inv_one * g.x, acc.y * inv_one * g.y, acc.z * inv_one * g.z, acc.w * inv_one * g.w);
-        return;
-    }}
+    // A stream of one float4 a thread and no more streams than the sums' first loads
+    // (`held`): thread t holds x[i·d4 + t] of every stream i in xr[i] (DeepSeek-V4-Flash: 4
+    // streams of 4096, 1024 threads), its one output is made from those and normed from
+    // the register it is in, where otherwise the 64 KB of streams are read again from L2
+    // in one block and the outputs read back (1.0 of the kernel's 4.7 µs, H200, a
+    // globaltimer read in the block). The same floats either way.
+    const bool held = d4 == blockDim.x && h <= {PREFETCH}u;
+    float4 mine = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float yy_part = 0.0f;
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
         for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
             if (i < h) {{
-                const float4 v = x[i * d4 + c];
+                const float4 v = held && i < {PREFETCH}u ? xr[i < {PREFETCH}u ? i : 0u] : x[i * d4 + c];
                 acc.x += pre[i] * v.x; acc.y += pre[i] * v.y; acc.z += pre[i] * v.z; acc.w += pre[i] * v.w;
             }}
         }}
         y[c] = acc;
+        mine = acc;
         yy_part += acc.x * acc.x; yy_part += acc.y * acc.y; yy_part += acc.z * acc.z; yy_part += acc.w * acc.w;
     }}
     if (has_norm == 0) return;
     // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
-    // the outputs it wrote.
+    // the outputs it wrote (held: its one output, kept).
     const float yy = ds4_block_sum(yy_part);
     const float inv_a = 1.0f / sqrtf(yy / (float)d + eps_a);
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
-        const float4 v = y[c];
+        const float4 v = held ? mine : y[c];
         const float4 g = nw[c];
         a[c] = make_float4(v.x * inv_a * g.x, v.y * inv_a * g.y, v.z * inv_a * g.z, v.w * inv_a * g.w);
     }}
