@@ -162,6 +162,8 @@ impl KernelSet {
                             for k in [cuda_digits::X_DIGITS, cuda_digits::MATVEC_Q8_0_R] {
                                 set.cuda.entry(k).or_default().insert(node.op.name());
                             }
+                            // Their x's norm and its digits in one launch.
+                            set.cuda.entry(cuda_digits::NORM_DIGITS).or_default().insert(Op::RmsNorm { eps: 0.0 }.name());
                         }
                     }
                 }

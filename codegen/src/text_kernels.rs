@@ -5,7 +5,8 @@
 //! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
-//! (`hc_pre`, `router_select` (and with x's digits), the integer expert mat-vecs, `matvec_f16_vec`, `norm_rope`,
+//! (`hc_pre`, `router_select` (and with x's digits), the integer mat-vecs and their digits (`x_digits`,
+//! `rms_norm_digits`), `matvec_f16_vec`, `norm_rope`,
 //! `matvec_dense_q8_0_r` (generated from its quant declaration, CUDA's only),
 //! `attention_merge_rope`, `split_x_bf16x3`, `copy_spans`, `argmax_rows`).
 
@@ -149,6 +150,7 @@ pub fn all() -> Vec<TextKernel> {
         unshared(cuda_argmax::NAME, TextParams::Own(cuda_argmax::params()), cuda_argmax::THREADS, format!("\"grid\": \"[rows, 1, 1]\", \"block\": [{}, 1, 1]", cuda_argmax::THREADS), |t| cuda_only(t, cuda_argmax::source)),
         unshared(cuda_copy::NAME, TextParams::Own(cuda_copy::params()), cuda_copy::THREADS, format!("\"grid\": \"[{}, copies ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_copy::BLOCKS_A_SPAN, cuda_copy::MAX_SPANS, cuda_copy::THREADS), |t| cuda_only(t, cuda_copy::source)),
         unshared(cuda_digits::X_DIGITS, TextParams::Own(cuda_digits::x_digits_params()), cuda_digits::X_THREADS, format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS), cuda_digits::x_digits_source),
+        unshared(cuda_digits::NORM_DIGITS, TextParams::Own(cuda_digits::norm_digits_params()), cuda_digits::NORM_DIGITS_MAX_K as u32, format!("\"grid\": [1, 1, 1], \"block\": \"[k ≤ {}, 1, 1]\"", cuda_digits::NORM_DIGITS_MAX_K), cuda_digits::norm_digits_source),
         unshared(cuda_digits::MATVEC_IQ2_XXS, TextParams::Own(cuda_digits::matvec_params()), cuda_digits::THREADS, format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS), |t| cuda_only(t, cuda_digits::matvec_source)),
         TextKernel {
             name: cuda_digits::MATVEC_Q2_K,

@@ -574,6 +574,38 @@ fn digits_dense_matches_the_f64_product() {
     }
 }
 
+/// `rms_norm_digits` (a decode token's weighted RMS norm and its output's digits, one
+/// launch) against the two launches it stands for, `rms_norm` at a thread a value (the
+/// runtime's launch of a decode token's row) then `x_digits` of its output: the same
+/// floats, digit planes, scales and sums, bit for bit; rows of 32 to the longest it takes,
+/// blocks of mixed magnitudes with zeros and a lone value.
+#[test]
+fn norm_digits_matches_the_norm_then_x_digits() {
+    let Some(dev) = device() else { return };
+    let ks = everything(&dev);
+    let (nk, norm, xk) = (ks.get(cuda_digits::NORM_DIGITS).unwrap(), ks.get("rms_norm").unwrap(), ks.get(cuda_digits::X_DIGITS).unwrap());
+    let mut r = Rng(seed());
+    let bits = |b: &ds4_runtime::cuda::DeviceBuf, len: usize| b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for k in [32, 96, 512, cuda_digits::NORM_DIGITS_MAX_K] {
+        assert!(cuda_digits::norm_digits_fits(1, k) && !cuda_digits::norm_digits_fits(2, k) && !cuda_digits::norm_digits_fits(1, k + 16));
+        let eps = 1e-6f32;
+        let (x, w) = (mixed_blocks(&mut r, k), f32s(&mut r, k, -2.0, 2.0));
+        let (xb, wb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+        let out = dev.alloc(k * 4).unwrap();
+        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::U64(k as u64), Arg::F32(eps)];
+        launch(&dev, &nk.func, (1, 1, 1), (k as u32, 1, 1), 0, &args).unwrap();
+        let want = dev.alloc(k * 4).unwrap();
+        launch(&dev, &norm.func, (1, 1, 1), (k as u32, 1, 1), 0, &[Arg::Ptr(want.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::U64(k as u64), Arg::F32(eps)]).unwrap();
+        let (wd, ws, wsum) = x_digits_on(&dev, xk, want.ptr, want.ptr, k, None);
+        assert_eq!(bits(&out, k), bits(&want, k), "{}: the norm ({k})", cuda_digits::NORM_DIGITS);
+        assert_eq!(xd.read::<u8>(cuda_digits::digit_bytes(k)).unwrap(), wd.read::<u8>(cuda_digits::digit_bytes(k)).unwrap(), "{}: digit planes ({k})", cuda_digits::NORM_DIGITS);
+        assert_eq!(bits(&xs, k / 32), bits(&ws, k / 32), "{}: scales ({k})", cuda_digits::NORM_DIGITS);
+        assert_eq!(bits(&xsum, k / 16), bits(&wsum, k / 16), "{}: sums ({k})", cuda_digits::NORM_DIGITS);
+        println!("{}: {k} values: rms_norm then x_digits, bit for bit", cuda_digits::NORM_DIGITS);
+    }
+}
+
 /// `matvec_digits_q2_k` (a decode token's Q2_K expert down in dp4a against the picks' x
 /// rows as digits, summed over the picks with their weights) against the f64 product of
 /// the de-quantized rows, to 1e-5 of Σ|w·x|; random blocks (scales, mins, planes, d and

@@ -593,6 +593,41 @@ impl GpuExecutor<'_> {
         Ok((xd, xs, xsum))
     }
 
+    /// x's digits (`len` floats at `x`) made ahead of their use where they were
+    /// (`digits_ahead`: by the routing's launch, or with x's norm), else now.
+    fn digits_of(&self, x: u64, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
+        match self.digits_ahead.take().filter(|d| d.x == x && d.len == len) {
+            Some(d) => Ok(d.digits),
+            None => self.x_digits(x, len, None),
+        }
+    }
+
+    /// Norm node `id` of a decode token's `n` values (x, weight `w`) with its output's
+    /// digits, as one launch (`cuda_digits::norm_digits_source`), where a mat-vec reading
+    /// it takes digits (`attn_q_a`'s norm, read by `attn_q_b`): its value, the digits left
+    /// for that mat-vec (`digits_ahead`). None where it does not fit or no reader would
+    /// take them (`DS4_NORM_DIGITS=0`: never).
+    fn norm_digits(&self, id: ds4_ir::NodeId, x: Arg, w: Arg, n_out: usize, n: usize, eps: f32) -> Result<Option<GVal>, ExecError> {
+        let name = cuda_digits::NORM_DIGITS;
+        if !cuda_digits::norm_digits_fits(n_out / n.max(1), n) || switched_off!("DS4_NORM_DIGITS") || switched_off!("DS4_DIGITS_DENSE") || !self.digits_on(cuda_digits::MATVEC_Q8_0_R) || !self.kernels.by_name.contains_key(name) {
+            return Ok(None);
+        }
+        let takes_digits = |c: ds4_ir::NodeId| {
+            let Ok(t) = weight_of(self.graph, c).and_then(|w| Ok(self.weights.tensor(&w)?)) else { return false };
+            matches!(self.graph.node(c).op, Op::MatMul) && self.graph.inputs(c)[0] == id && cuda_digits::dense_fits(t.ty, t.ne[1] as usize, n, 1, 1, 1, 1, false, false)
+        };
+        if !self.graph.consumers(id).into_iter().any(takes_digits) {
+            return Ok(None);
+        }
+        let out = self.dev.alloc(n * 4)?;
+        let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(n))?, self.dev.alloc(n / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(n / cuda_digits::SUM_SPAN * 4)?);
+        let named = [("out", Arg::Ptr(out.ptr)), ("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", x), ("w", w), ("k", Arg::U64(n as u64)), ("eps", Arg::F32(eps))];
+        let k = self.kernels.get(name)?;
+        self.call_threads(k, name, (1, 1, 1), n as u32, 0, &named)?;
+        self.digits_ahead.replace(Some(DigitsAhead { x: out.ptr, len: n, digits: (xd, xs, xsum) }));
+        Ok(Some(GVal::F(DevSlice::whole(out, n))))
+    }
+
     /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
     /// integer launch where they can run so (IQ2_XXS, whole blocks): false where not (the
     /// caller runs the float mat-vecs).
@@ -602,10 +637,7 @@ impl GpuExecutor<'_> {
             return Ok(false);
         }
         // Made by the routing's launch where it could (`router_select`), else here.
-        let (xd, xs, _) = match self.digits_ahead.take().filter(|d| d.x == x && d.len == k) {
-            Some(d) => d.digits,
-            None => self.x_digits(x, k, None)?,
-        };
+        let (xd, xs, _) = self.digits_of(x, k)?;
         let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out_g", Arg::Ptr(gb.ptr)),
@@ -785,7 +817,8 @@ impl GpuExecutor<'_> {
         // A token's short Q8_0_R rows (`attn_q_b`) in dp4a against x's digits
         // (cuda_digits.rs; `DS4_DIGITS_DENSE=0` turns it off).
         if expand.is_none() && cuda_digits::dense_fits(w.ty, n, k, m, groups, picks, x_div, sel.is_some(), wts.is_some()) && w.ptr.is_multiple_of(4) && !switched_off!("DS4_DIGITS_DENSE") && self.digits_on(cuda_digits::MATVEC_Q8_0_R) {
-            let (xd, xs, _xsum) = self.x_digits(x, k, None)?;
+            // Made with x's norm where they could be (`norm_digits`), else here.
+            let (xd, xs, _xsum) = self.digits_of(x, k)?;
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k)))];
             self.call(cuda_digits::MATVEC_Q8_0_R, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 1), &named)?;
             return Ok(None);
@@ -1213,7 +1246,10 @@ impl GpuExecutor<'_> {
                     let n = last(0);
                     match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
                         Some(ahead) => fused(&mut made, ahead),
-                        None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                        None => match self.norm_digits(id, f(0)?, vecf(1)?, n_out, n, *eps)? {
+                            Some(v) => v,
+                            None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                        },
                     }
                 }
                 Op::RmsNormPlain { eps } => {
