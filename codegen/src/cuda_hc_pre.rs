@@ -92,27 +92,63 @@ pub fn comb_params() -> Vec<QParam> {
     ]
 }
 
-/// [`HC_COMB`]'s source: warp 0 of block t, token t's entries, the lane function the
-/// `hc_pre` block runs on the same projections (the same floats). Launch: grid (tokens), 32
-/// threads.
+/// [`HC_COMB`]'s source: warp 0 of block t, token t's entries (`comb_helpers`). Launch:
+/// grid (tokens), 32 threads.
 pub fn comb_source() -> String {
-    let mut s = format!("// {HC_COMB}: hc_pre's Sinkhorn as a launch of its own (codegen/src/cuda_hc_pre.rs).\n\n");
-    s.push_str(&format!("#define DS4_MAX_NH {}u\n", cuda_hc_mix::MAX_NH));
-    s.push_str(cuda_hc_mix::HELPERS);
+    let mut s = format!("// {HC_COMB}: hc_pre's Sinkhorn as a launch of its own (codegen/src/cuda_hc_pre.rs).\n");
+    s.push_str(&comb_helpers());
     s.push_str(&format!(
-        r#"
-{entry}    const unsigned int h = (unsigned int)nh;
-    const unsigned int mw = 2 * h + h * h;
-    const unsigned long long item = blockIdx.x;
-    __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
-    if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = ds4_proj[item * mw + 2 * h + threadIdx.x];
-    __syncwarp();
-    ds4_hc_comb_lane(ds4_mix + item * mw, m, ds4_scale, ds4_base, h, iters, eps_mix, threadIdx.x);
-}}
-"#,
+        "{entry}    ds4_hc_comb_item(ds4_mix, ds4_proj, ds4_scale, ds4_base, nh, iters, eps_mix, blockIdx.x);\n}}\n",
         entry = crate::cuda::own_entry(HC_COMB, "32", &comb_params()),
     ));
     s
+}
+
+/// The Sinkhorn of one token by warp 0 of a block (`ds4_hc_comb_item`): the combination
+/// entries of its mix from the projections an `hc_pre` launch with `comb` 0 stored, by the
+/// lane function the `hc_pre` block runs on them (the same floats). [`HC_COMB`] is a
+/// launch of it; a launch of `matvec_dense_q8_0_r` may take it in a block of its own
+/// (`ride_params`).
+pub fn comb_helpers() -> String {
+    format!(
+        r#"
+#define DS4_MAX_NH {max_nh}u
+{mix_helpers}
+// Token `item`'s Sinkhorn (mix entries 2·nh ..) from its projections, by warp 0 (the
+// block's other threads do nothing).
+__device__ __forceinline__ void ds4_hc_comb_item(float* const mix, const float* __restrict__ proj, const float* __restrict__ scale, const float* __restrict__ base, const unsigned long long nh, const unsigned long long iters, const float eps_mix, const unsigned long long item) {{
+    __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
+    if (threadIdx.x >= 32u) return;
+    const unsigned int h = (unsigned int)nh;
+    const unsigned int mw = 2 * h + h * h;
+    if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = proj[item * mw + 2 * h + threadIdx.x];
+    __syncwarp();
+    ds4_hc_comb_lane(mix + item * mw, m, scale, base, h, iters, eps_mix, threadIdx.x);
+}}
+"#,
+        max_nh = cuda_hc_mix::MAX_NH,
+        mix_helpers = cuda_hc_mix::HELPERS,
+    )
+}
+
+/// The parameters of a launch that takes a Sinkhorn in a block of its own (the first of
+/// its grid's x, one a token): [`comb_params`]' with a `c` in front (`cnh` 0: none).
+pub fn ride_params() -> Vec<QParam> {
+    vec![
+        QParam::Buffer { name: "cmix", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "cproj", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "cscale", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "cbase", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "cnh" },
+        QParam::Scalar { name: "citers" },
+        QParam::Float { name: "ceps_mix" },
+    ]
+}
+
+/// The kernel text that runs the Sinkhorn in block 0 of a riding launch's grid x and
+/// returns (`row_block`: the launch's own block index, `blockIdx.x` less that block).
+pub fn ride_call() -> &'static str {
+    "if (cnh != 0ull && blockIdx.x == 0u) {\n        ds4_hc_comb_item(ds4_cmix, ds4_cproj, ds4_cscale, ds4_cbase, cnh, citers, ceps_mix, blockIdx.y);\n        return;\n    }\n    const unsigned int row_block = blockIdx.x - (cnh != 0ull ? 1u : 0u);"
 }
 
 /// Whether a chain of `nh` streams of `d` values and `tokens` tokens can take the fused

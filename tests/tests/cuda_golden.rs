@@ -190,29 +190,22 @@ fn cpu_and_cuda_logits_agree_on_the_tiny_models() {
     }
 }
 
-/// A q2 model whose routed experts fit `matvec_digits_iq2_xxs` (IQ2_XXS rows of whole
-/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs)
-/// and whose 256-value Q8_0 rows (`q_lora` 256: `attn_q_a`, `attn_q_b`, `attn_kv`, the
-/// shared expert's gate and up) are Q8_0_R on the device and take `matvec_digits_q8_0_r`
-/// (the tiny models' 64- and 128-value rows stay Q8_0): decode steps one token at a time
-/// on CPU and CUDA, within `assert_cpu_and_cuda_agree`.
-#[test]
-fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
-    if skip() {
-        return;
-    }
+/// Decode steps one token at a time on CPU and CUDA, within `assert_cpu_and_cuda_agree`,
+/// of the synthetic model `cfg` quantized by `recipe`, plain and not: 16 tokens of prefill,
+/// then 8 fed one at a time.
+fn decode_agrees(cfg: ds4_model::synthetic::SynthConfig, recipe: ds4_model::quantize::Recipe) {
     use ds4_model::gguf::GgufFile;
-    use ds4_model::quantize::{quantize_file, Recipe};
-    use ds4_model::synthetic::{build, SynthConfig};
-    let cfg = SynthConfig { d: 256, ff: 256, q_lora: 256, vocab: 512, name: "synthetic-256".into(), ..SynthConfig::tiny_default() };
-    let dir = std::env::temp_dir().join(format!("ds4-cuda-golden-{}", std::process::id()));
+    use ds4_model::quantize::quantize_file;
+    use ds4_model::synthetic::build;
+    let name = cfg.name.clone();
+    let dir = std::env::temp_dir().join(format!("ds4-cuda-golden-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (src, q2) = (dir.join("synthetic-256.gguf"), dir.join("synthetic-256-q2.gguf"));
+    let (src, quant) = (dir.join(format!("{name}.gguf")), dir.join(format!("{name}-quant.gguf")));
     std::fs::write(&src, build(&cfg).unwrap()).unwrap();
-    quantize_file(&GgufFile::open(&src).unwrap(), Recipe::Q2, &q2, &mut |_, _, _| {}).unwrap();
-    let model = Model::load(&q2).unwrap();
+    quantize_file(&GgufFile::open(&src).unwrap(), recipe, &quant, &mut |_, _, _| {}).unwrap();
+    let model = Model::load(&quant).unwrap();
     let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
-    let ids: Vec<u32> = (0..24u32).map(|i| (i * 37 + 1) % 512).collect();
+    let ids: Vec<u32> = (0..24u32).map(|i| (i * 37 + 1) % cfg.vocab as u32).collect();
     for plain in [true, false] {
         let opts = SessionOptions { plain, ..Default::default() };
         let mut c: Session<f32> = Session::new(&model, opts.clone());
@@ -224,9 +217,39 @@ fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
             lc.extend(c.feed(&[t]).unwrap().iter().map(|&v| v as f64));
             lg.extend(g.feed(&[t]).unwrap().iter().map(|&v| v as f64));
         }
-        assert_cpu_and_cuda_agree(&lg, &lc, model.hp.vocab, plain, "synthetic-256 q2 decode");
+        assert_cpu_and_cuda_agree(&lg, &lc, model.hp.vocab, plain, &format!("{name} decode"));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A q2 model whose routed experts fit `matvec_digits_iq2_xxs` (IQ2_XXS rows of whole
+/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs)
+/// and whose 256-value Q8_0 rows (`q_lora` 256: `attn_q_a`, `attn_q_b`, `attn_kv`, the
+/// shared expert's gate and up) are Q8_0_R on the device and take `matvec_digits_q8_0_r`
+/// (the tiny models' 64- and 128-value rows stay Q8_0).
+#[test]
+fn cpu_and_cuda_decode_agree_on_a_q2_model_with_whole_blocks() {
+    if skip() {
+        return;
+    }
+    use ds4_model::synthetic::SynthConfig;
+    decode_agrees(SynthConfig { d: 256, ff: 256, q_lora: 256, vocab: 512, name: "synthetic-256".into(), ..SynthConfig::tiny_default() }, ds4_model::quantize::Recipe::Q2);
+}
+
+/// A model whose `attn_q_a` (1024 rows of 1280 values) takes the dense mat-vec's four-row
+/// form, which then takes the attention's Sinkhorn in a block of its own (rows of at most
+/// 1024 values take the sixteen-row form, which would need 4096 rows), and whose
+/// `attn_q_b` rows (1024 values) take the integer mat-vec with digits made by
+/// `rms_norm_digits`: three layers (no compression, CSA, HCA), q4 (its experts quantize in
+/// seconds where IQ2_XXS takes a minute).
+#[test]
+fn cpu_and_cuda_decode_agree_where_the_attention_sinkhorn_rides_the_dense_mat_vec() {
+    if skip() {
+        return;
+    }
+    use ds4_model::synthetic::SynthConfig;
+    let cfg = SynthConfig { d: 1280, ff: 256, q_lora: 1024, vocab: 512, n_layer: 3, ratios: vec![0, 4, 8], name: "synthetic-1280".into(), ..SynthConfig::tiny_default() };
+    decode_agrees(cfg, ds4_model::quantize::Recipe::Q4);
 }
 
 #[test]

@@ -500,18 +500,38 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
         ds4_ir::quant::dequantize_row(ds4_ir::GgmlType::Q8_0R, &bytes, &mut wrows).unwrap();
         let x = f32s(&mut r, tokens * groups * k, -1.0, 1.0);
         let (wb, xb, out, out_gen, dummy) = (dev.upload(&bytes).unwrap(), dev.upload(&x).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(256).unwrap());
-        let (gx, gy) = cuda_matvec_dense::grid(form, n, tokens);
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0)];
+        let (gx, gy) = cuda_matvec_dense::grid(form, n, tokens, false);
+        let no_ride = [Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0), u(0), Arg::F32(0.0)];
+        let args = [&[Arg::Ptr(out.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0)][..], &no_ride].concat();
         launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
         let got: Vec<f32> = out.read(tokens * n).unwrap();
         let nh = 1 + r.range(0, cuda_hc_mix::MAX_NH);
         if cuda_matvec_dense::expand_fits(form, groups, nh) {
             let (streams, mix) = expand_inputs(&mut r, tokens, n, nh);
             let (sb, mb, eout, out2) = (dev.upload(&streams).unwrap(), dev.upload(&mix).unwrap(), dev.alloc(tokens * nh * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap());
-            let args = [Arg::Ptr(out2.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(eout.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(mb.ptr), u(nh)];
+            let args = [&[Arg::Ptr(out2.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(eout.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(mb.ptr), u(nh)][..], &no_ride].concat();
             launch(&dev, &dense.func, (gx, gy, 1), (dense.threads, 1, 1), 0, &args).unwrap();
             assert!(out2.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the expand changed the output", form.name);
             assert_expand_is_the_ops(form.name, &eout.read::<f32>(tokens * nh * n).unwrap(), &got, &streams, &mix, tokens, n, nh);
+        }
+        // With an `hc_pre`'s Sinkhorn riding in a block of its own: the same output, and
+        // the mix's entries bit for bit those of an `hc_comb` launch on the same projections.
+        {
+            let (mw, iters) = (2 * nh + nh * nh, 1 + r.range(0, 20));
+            let (proj, scale, base) = (f32s(&mut r, tokens * mw, -2.0, 2.0), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
+            let (pb, sb, bb) = (dev.upload(&proj).unwrap(), dev.upload(&scale).unwrap(), dev.upload(&base).unwrap());
+            let zeros = vec![0f32; tokens * mw];
+            let (mix_ride, mix_comb, out3) = (dev.upload(&zeros).unwrap(), dev.upload(&zeros).unwrap(), dev.alloc(tokens * n * 4).unwrap());
+            let ride = [Arg::Ptr(mix_ride.ptr), Arg::Ptr(pb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), u(nh), u(iters), Arg::F32(1e-6)];
+            let args = [&[Arg::Ptr(out3.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(xb.ptr), u(n), u(k), u(rb), u(groups), u(ng), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), Arg::Ptr(dummy.ptr), u(0)][..], &ride].concat();
+            let (rx, ry) = cuda_matvec_dense::grid(form, n, tokens, true);
+            assert_eq!((rx, ry), (gx + 1, gy));
+            launch(&dev, &dense.func, (rx, ry, 1), (dense.threads, 1, 1), 0, &args).unwrap();
+            let comb = ks.get(cuda_hc_pre::HC_COMB).unwrap();
+            launch(&dev, &comb.func, (tokens as u32, 1, 1), (32, 1, 1), 0, &[Arg::Ptr(mix_comb.ptr), Arg::Ptr(pb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), u(nh), u(iters), Arg::F32(1e-6)]).unwrap();
+            assert!(out3.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the riding Sinkhorn changed the output", form.name);
+            let bits = |b: &ds4_runtime::cuda::DeviceBuf| b.read::<f32>(tokens * mw).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&mix_ride), bits(&mix_comb), "{}: the riding Sinkhorn's entries differ from hc_comb's (nh {nh}, {tokens} tokens)", form.name);
         }
         let mut worst = 0f64;
         for t in 0..tokens {

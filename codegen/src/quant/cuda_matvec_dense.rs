@@ -88,6 +88,7 @@ pub fn params() -> Vec<QParam> {
     let s = |name| QParam::Scalar { name };
     let mut p = vec![b("out", BufElem::F32, true), b("w", BufElem::Bytes, false), b("x", BufElem::F32, false), s("n"), s("k"), s("row_bytes"), s("groups"), s("ng")];
     p.extend(crate::cuda_hc_expand::params());
+    p.extend(crate::cuda_hc_pre::ride_params());
     p
 }
 
@@ -117,9 +118,10 @@ pub fn fits(form: &Dense, ty: GgmlType, n: usize, k: usize, m: usize, groups: us
         && ty.bytes_for(k as u64).is_some_and(|b| (b as usize) * rows < u32::MAX as usize)
 }
 
-/// The launch grid: a block per group of `form.rows` rows, one row of blocks a token.
-pub fn grid(form: &Dense, n: usize, m: usize) -> (u32, u32) {
-    (n.div_ceil(form.rows as usize) as u32, m as u32)
+/// The launch grid: a block per group of `form.rows` rows, one row of blocks a token; with
+/// a Sinkhorn riding (`comb`, `cuda_hc_pre::ride_params`), a block more at the head of each.
+pub fn grid(form: &Dense, n: usize, m: usize, comb: bool) -> (u32, u32) {
+    (n.div_ceil(form.rows as usize) as u32 + comb as u32, m as u32)
 }
 
 /// The CUDA source of [`DENSE`] (None on other targets, or if the type could not be
@@ -146,6 +148,7 @@ fn form_source(target: Target, form: &Dense) -> Option<String> {
     let mut src = syn.prelude(form.name, spec);
     src.push_str(&lower.helpers().ok()?);
     src.push_str(&crate::cuda_hc_expand::helpers());
+    src.push_str(&crate::cuda_hc_pre::comb_helpers());
     src.push_str(&syn.kernel_open(form.name, &params(), 0, Some(form.min_blocks)));
     src.push_str(&lower.dense_body(form.rows).ok()?);
     src.push_str("}\n");
@@ -165,13 +168,15 @@ impl Lower<'_> {
         let mut w = |depth: usize, text: &str| {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
+        // A Sinkhorn riding in block 0 (an `hc_pre`'s, `cuda_hc_pre::ride_params`).
+        w(1, crate::cuda_hc_pre::ride_call());
         for l in [
             "const unsigned int lane = threadIdx.x & 31u;".to_string(),
             "const unsigned int warp = threadIdx.x >> 5;".into(),
             "const unsigned int k32 = (unsigned int)k;".into(),
             "const unsigned int rb = (unsigned int)row_bytes;".into(),
             "const unsigned int last = (unsigned int)n - 1u;".into(),
-            format!("const unsigned int g0 = blockIdx.x * {rows}u;"),
+            format!("const unsigned int g0 = row_block * {rows}u;"),
             "const unsigned int xo = (blockIdx.y * (unsigned int)groups + g0 / (unsigned int)ng) * k32;".into(),
             "const unsigned char* const ds4_wd0 = ds4_w + (unsigned long long)g0 * row_bytes;".into(),
         ] {
@@ -225,13 +230,14 @@ mod tests {
         assert!(!fits(d, q, 512, 4096, 1, 1, 512, 1, 1, false, false), "128 groups: a block per row fills more SMs");
         assert!(!fits(d, q, 8190, 4096, 1, 3, 2730, 1, 1, false, false), "groups a block would straddle");
         assert!(!fits(d, q, 4096, 100, 1, 1, 4096, 1, 1, false, false), "rows of part runs");
-        assert_eq!(grid(d, 4097, 2), (1025, 2));
+        assert_eq!(grid(d, 4097, 2, false), (1025, 2));
+        assert_eq!(grid(d, 4097, 2, true), (1026, 2), "a block more for a riding Sinkhorn");
         // Short rows: attn_q_b's shape, sixteen rows a block.
         assert_eq!(form(1024, true).name, SHORT.name);
         assert_eq!(form(1024, false).name, NAME);
         assert_eq!(form(2048, true).name, NAME);
         assert!(fits(&SHORT, q, 32768, 1024, 1, 1, 32768, 1, 1, false, false));
         assert!(!fits(&SHORT, q, 2048, 1024, 1, 1, 2048, 1, 1, false, false), "128 blocks");
-        assert_eq!(grid(&SHORT, 32768, 1), (2048, 1));
+        assert_eq!(grid(&SHORT, 32768, 1, false), (2048, 1));
     }
 }

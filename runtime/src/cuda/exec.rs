@@ -180,9 +180,24 @@ pub struct GpuExecutor<'a> {
     pub comb_pending: std::cell::RefCell<Option<CombPending>>,
 }
 
+/// Where an `hc_pre` launch's Sinkhorn goes: out of its grid, which the launch after it
+/// waits for, while only the sublayer's expand reads the Sinkhorn (`cuda_hc_pre::HC_COMB`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CombHome {
+    /// The FFN's: an `hc_comb` launch at the head of the shared expert's side lane, which
+    /// waits for the routed experts' down anyway.
+    SharedExpert,
+    /// The attention's: a block of its own in the next `matvec_dense_q8_0_r` launch of as
+    /// many tokens (`attn_q_a`, with `attn_kv` in a CSA layer), which outlasts it. The
+    /// lanes have no time to spare for a launch of its own (RESULTS.md, twenty-second
+    /// stop).
+    Ride,
+}
+
 /// The `hc_comb` launch an `hc_pre` launch left (`cuda_hc_pre::HC_COMB`): its arguments,
 /// and the projections' buffer, kept until it is launched.
 pub struct CombPending {
+    home: CombHome,
     proj: DeviceBuf,
     mix: u64,
     scale: u64,
@@ -362,13 +377,16 @@ impl GpuExecutor<'_> {
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
-        // The Sinkhorn on the shared expert's side lane where the collapse's norm feeds
-        // one (the FFN's): that lane has time to spare before the routed experts' down
-        // joins it, where the launch after this one would wait for the Sinkhorn.
-        // `DS4_COMB_BESIDE=0` keeps it in this launch.
-        let beside = !switched_off!("DS4_COMB_BESIDE")
-            && self.kernels.by_name.contains_key(cuda_hc_pre::HC_COMB)
-            && c.norm.as_ref().is_some_and(|(id, _, _)| self.graph.consumers(*id).iter().any(|&r| self.lane_of(r) == Some(Branch::SharedExpert)));
+        // The Sinkhorn out of this launch (`CombHome`): the FFN's where the collapse's norm
+        // feeds the shared expert's lane, the others' riding the next dense mat-vec.
+        // `DS4_COMB_BESIDE=0` keeps both in this launch, `DS4_COMB_RIDE=0` the others.
+        let ffn = c.norm.as_ref().is_some_and(|(id, _, _)| self.graph.consumers(*id).iter().any(|&r| self.lane_of(r) == Some(Branch::SharedExpert)));
+        let home = match ffn {
+            true => Some(CombHome::SharedExpert),
+            false => (!switched_off!("DS4_COMB_RIDE")).then_some(CombHome::Ride),
+        };
+        let home = home.filter(|_| !switched_off!("DS4_COMB_BESIDE") && self.kernels.by_name.contains_key(cuda_hc_pre::HC_COMB));
+        let beside = home.is_some();
         // The collapse's norm too, where its weight is a vector of d floats.
         let norm = match &c.norm {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
@@ -396,16 +414,35 @@ impl GpuExecutor<'_> {
             ("comb", u(!beside as usize)),
         ];
         self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
-        if beside {
+        if let Some(home) = home {
             let (scale, base) = (self.weights.vector(&c.scale)?.ptr, self.weights.vector(&c.base)?.ptr);
             self.launch_comb()?;
-            self.comb_pending.replace(Some(CombPending { proj, mix: mix.ptr, scale, base, nh: c.nh, iters: c.iters, eps_mix: c.eps_mix, tokens }));
+            self.comb_pending.replace(Some(CombPending { home, proj, mix: mix.ptr, scale, base, nh: c.nh, iters: c.iters, eps_mix: c.eps_mix, tokens }));
         }
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
         Ok(Some(made))
+    }
+
+    /// The Sinkhorn arguments of a dense mat-vec launch of `tokens` tokens
+    /// (`cuda_hc_pre::ride_params`): a pending `CombHome::Ride` one's, taken, and true; or
+    /// none (`cnh` 0) and false.
+    fn ride_args(&self, tokens: usize) -> ([(&'static str, Arg); 7], bool) {
+        let ride = self.comb_pending.borrow().as_ref().is_some_and(|p| p.home == CombHome::Ride && p.tokens == tokens);
+        let p = if ride { self.comb_pending.take() } else { None };
+        let d = self.dummy.ptr;
+        let args = [
+            ("cmix", Arg::Ptr(p.as_ref().map_or(d, |p| p.mix))),
+            ("cproj", Arg::Ptr(p.as_ref().map_or(d, |p| p.proj.ptr))),
+            ("cscale", Arg::Ptr(p.as_ref().map_or(d, |p| p.scale))),
+            ("cbase", Arg::Ptr(p.as_ref().map_or(d, |p| p.base))),
+            ("cnh", Arg::U64(p.as_ref().map_or(0, |p| p.nh as u64))),
+            ("citers", Arg::U64(p.as_ref().map_or(0, |p| p.iters as u64))),
+            ("ceps_mix", Arg::F32(p.as_ref().map_or(0.0, |p| p.eps_mix))),
+        ];
+        (args, ride)
     }
 
     /// Launches the Sinkhorn an `hc_pre` launch left (`comb_pending`), if any, on the lane
@@ -830,7 +867,9 @@ impl GpuExecutor<'_> {
             let expand = self.take_expand(expand.filter(|e| cuda_matvec_dense::expand_fits(form, groups, e.nh)))?;
             let mut named = vec![("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
             named.extend(self.expand_args(expand.as_ref()));
-            self.call(form.name, cuda_matvec_dense::grid(form, n, m), &named)?;
+            let (ride, comb) = self.ride_args(m);
+            named.extend(ride);
+            self.call(form.name, cuda_matvec_dense::grid(form, n, m, comb), &named)?;
             return Ok(expand.map(expand_value));
         }
         let row_blocks = matvec_row_blocks(w.ty, n, m, groups, ng, self.dev.sms);
@@ -865,6 +904,10 @@ impl GpuExecutor<'_> {
         let (Some(GVal::F(r)), Some(GVal::F(mix))) = (vals.get(&ins[1].index()), vals.get(&ins[2].index())) else { return Ok(None) };
         if r.len != nh * d || mix.len != 2 * nh + nh * nh {
             return Ok(None);
+        }
+        // A Sinkhorn still pending for this mix first.
+        if self.comb_pending.borrow().as_ref().is_some_and(|p| p.mix == mix.ptr()) {
+            self.launch_comb()?;
         }
         Ok(Some(ExpandTo { node, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
     }
@@ -1081,9 +1124,12 @@ impl GpuExecutor<'_> {
             // The shared expert and the attention's query on side branches of the step's
             // graph, joined where their output is read.
             self.lane_for(id, &ins)?;
-            // The Sinkhorn an `hc_pre` left: first on the shared expert's lane, or before
-            // the routed experts (whose down makes the expand that reads it) at the latest.
-            if self.lane_of(id) == Some(Branch::SharedExpert) || matches!(node.op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
+            // The Sinkhorn an `hc_pre` left (`CombHome`): the FFN's first on the shared
+            // expert's lane; any before the routed experts (whose down makes the expand
+            // that reads the FFN's) or an expand at the latest (a launch that makes the
+            // expand launches it first: `expand_to`).
+            let home = self.comb_pending.borrow().as_ref().map(|p| p.home);
+            if (home == Some(CombHome::SharedExpert) && self.lane_of(id) == Some(Branch::SharedExpert)) || matches!(node.op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
                 self.launch_comb()?;
             }
             let t_node = profile::start(self.dev)?;
