@@ -134,15 +134,16 @@ __device__ __forceinline__ void ds4_hc_comb_item(float* const mix, const float* 
 /// The parameters of a launch that takes a Sinkhorn in a block of its own (the first of
 /// its grid's x, one a token): [`comb_params`]' with a `c` in front (`cnh` 0: none).
 pub fn ride_params() -> Vec<QParam> {
-    vec![
-        QParam::Buffer { name: "cmix", elem: BufElem::F32, mutable: true },
-        QParam::Buffer { name: "cproj", elem: BufElem::F32, mutable: false },
-        QParam::Buffer { name: "cscale", elem: BufElem::F32, mutable: false },
-        QParam::Buffer { name: "cbase", elem: BufElem::F32, mutable: false },
-        QParam::Scalar { name: "cnh" },
-        QParam::Scalar { name: "citers" },
-        QParam::Float { name: "ceps_mix" },
-    ]
+    const NAMES: [&str; 7] = ["cmix", "cproj", "cscale", "cbase", "cnh", "citers", "ceps_mix"];
+    comb_params()
+        .into_iter()
+        .zip(NAMES)
+        .map(|(p, name)| match p {
+            QParam::Buffer { elem, mutable, .. } => QParam::Buffer { name, elem, mutable },
+            QParam::Scalar { .. } => QParam::Scalar { name },
+            QParam::Float { .. } => QParam::Float { name },
+        })
+        .collect()
 }
 
 /// The kernel text that runs the Sinkhorn in block 0 of a riding launch's grid x and
@@ -300,6 +301,17 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
 
 #[cfg(test)]
 mod tests {
+    /// A riding launch's Sinkhorn parameters are `hc_comb`'s, each named with a `c` in front.
+    #[test]
+    fn ride_params_are_comb_params_with_a_c() {
+        let (ride, comb) = (super::ride_params(), super::comb_params());
+        assert_eq!(ride.len(), comb.len());
+        for (r, c) in ride.iter().zip(&comb) {
+            assert_eq!(r.name(), format!("c{}", c.name()));
+            assert_eq!(std::mem::discriminant(r), std::mem::discriminant(c));
+        }
+    }
+
     use super::*;
 
     #[test]
