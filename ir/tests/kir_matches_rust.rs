@@ -188,7 +188,7 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         }),
     ));
     let part: Vec<f64> = (0..t * heads * nc * (hd + 2))
-        .map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && r.coin(0.2) { f64::NEG_INFINITY } else { r.uniform(0.0, 2.0) })
+        .map(|i| if i % (hd + 2) == hd && !(i / (hd + 2)).is_multiple_of(nc) && r.coin(0.2) { f64::NEG_INFINITY } else { r.uniform(0.0, 2.0) })
         .collect();
     out.push(case(
         attention::attention_merge_kir(),

@@ -107,7 +107,7 @@ fn run_case_on(dev: &Arc<Device>, gpu: &Loaded, blocks: usize, k: &Kernel, items
     let splits = if gpu.splits_items { 1 + items % 3 } else { 1 };
     // Kernels that stage their item's output in shared memory run with the room for it
     // (as the executor gives it) in every other case, in global memory in the others.
-    let shared = if items % 2 == 0 { gpu.shared_for(len) } else { gpu.dyn_shared };
+    let shared = if items.is_multiple_of(2) { gpu.shared_for(len) } else { gpu.dyn_shared };
     // Op kernels stride their loops by the block, and the executor gives a prefill's
     // launches other blocks than the kernel's own: some cases run with 32 to 128 threads,
     // or the most the kernel allows (a generated op kernel; a CUDA-text one keeps its own).
@@ -1288,13 +1288,13 @@ fn matvec_on_aligned_rows_with_picks() {
         // Few rows (a block per row or per group of rows, its warps sharing the chunks) or
         // many (a warp per group of rows): the kernel picks by n · tokens
         // (`matvec_split_below`) and the groups (`matvec_block_rows`).
-        let many = r.next() % 2 == 0;
+        let many = r.next().is_multiple_of(2);
         // Few rows: a block per row (up to 69), or per group of rows when there are enough
         // groups (512-1499 rows of 2-3 KiB: two or three chunks a row). The longest rows
         // only with the fewest: the CPU quantizes and checks every row (IQ2_XXS's
         // quantizer is slow), and a case stays seconds.
-        let grouped = !many && r.next() % 2 == 0;
-        let units = if many || (!grouped && r.next() % 2 == 0) {
+        let grouped = !many && r.next().is_multiple_of(2);
+        let units = if many || (!grouped && r.next().is_multiple_of(2)) {
             r.range(1, 3)
         } else if grouped {
             2048 / (bb * unit) + r.range(1, 3)
