@@ -331,6 +331,20 @@ fn digits_combined(name: &str) -> String {
     (1..DIGITS).rev().fold(format!("(float){name}[{}]", DIGITS - 1), |acc, p| format!("({acc}) * 0.0078125f + (float){name}[{}]", p - 1))
 }
 
+/// A warp's four rows' sums, `value` (an expression of row r's `part[r]`) added over its
+/// lanes, stored by lane 0 at `dst` (an expression of r): the integer mat-vecs' end.
+fn four_row_sums(value: &str, dst: &str) -> String {
+    format!(
+        "    #pragma unroll
+    for (unsigned int r = 0; r < 4u; r++) {{
+        float v = {value};
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0u) {dst} = v;
+    }}
+"
+    )
+}
+
 /// A lane's loads of one 32-value group of x: `words`, the group's first word in a digit
 /// plane (4 × the group; `xw` the digits as words, `kw` a plane's words), and `group`, its
 /// index (expressions): each digit plane's two 16-value halves as `xv[d][0..2]` (the
@@ -437,18 +451,13 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
         }}
     }}
     float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;
-    #pragma unroll
-    for (unsigned int r = 0; r < 4u; r++) {{
-        float v = pick >= 0 ? part[r] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0u) out[r] = v;
-    }}
-}}
+{sums}}}
 "#,
         entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &format!("{THREADS}, {GATE_UP_MIN_BLOCKS}"), &matvec_params()),
         x_loads = x_group_loads("ib * 4ull", "ib"),
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
+        sums = four_row_sums("pick >= 0 ? part[r] : 0.0f", "out[r]"),
     );
     s
 }
@@ -525,19 +534,14 @@ pub fn dense_source() -> String {
             part[r] = fmaf(d, ({acc_sum}) * xscale, part[r]);
         }}
     }}
-    #pragma unroll
-    for (unsigned int r = 0; r < 4u; r++) {{
-        float v = part[r];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0u) ds4_out[row0 + r] = v;
-    }}
-}}
+{sums}}}
 "#,
         entry = crate::cuda::own_entry(MATVEC_Q8_0_R, &format!("{THREADS}, {DENSE_MIN_BLOCKS}"), &dense_params()),
         x_loads = x_group_loads("ib * 4ull", "ib"),
         unroll = DENSE_UNROLL,
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
+        sums = four_row_sums("part[r]", "ds4_out[row0 + r]"),
     );
     s
 }
@@ -601,13 +605,7 @@ pub fn down_source() -> String {
         }}
     }}
     {trig}
-    #pragma unroll
-    for (unsigned int r = 0; r < 4u; r++) {{
-        float v = part[r];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0u) parts[p][r] = v;
-    }}
-    __syncthreads();
+{sums}    __syncthreads();
     // The picks' rows weighted and added in pick order (unused picks, -1, add nothing):
     // row threadIdx.x % 4, by the threads that store it and those that expand it.
     if (threadIdx.x < 4u * (enh != 0ull ? (unsigned int)enh : 1u)) {{
@@ -630,7 +628,8 @@ pub fn down_source() -> String {
         a0_sum = digits_combined("a0"),
         a1_sum = digits_combined("a1"),
         trig = crate::cuda::GRID_TRIGGER,
-        stage = crate::cuda_hc_expand::stage_call(4, "row0", "0u")
+        stage = crate::cuda_hc_expand::stage_call(4, "row0", "0u"),
+        sums = four_row_sums("part[r]", "parts[p][r]"),
     );
     s
 }

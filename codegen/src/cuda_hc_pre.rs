@@ -105,10 +105,10 @@ pub fn comb_source() -> String {
 }
 
 /// The Sinkhorn of one token by warp 0 of a block (`ds4_hc_comb_item`): the combination
-/// entries of its mix from the projections an `hc_pre` launch with `comb` 0 stored, by the
-/// lane function the `hc_pre` block runs on them (the same floats). [`HC_COMB`] is a
-/// launch of it; a launch of `matvec_dense_q8_0_r` may take it in a block of its own
-/// (`ride_params`).
+/// entries of its mix from the projections the `hc_pre` blocks stored (read from L2: in
+/// `hc_pre`'s own grid other blocks wrote them). The last combination block of an
+/// `hc_pre` launch with `comb` 1 runs it; [`HC_COMB`] is a launch of it; a launch of
+/// `matvec_dense_q8_0_r` may take it in a block of its own (`ride_params`).
 pub fn comb_helpers() -> String {
     format!(
         r#"
@@ -121,7 +121,7 @@ __device__ __forceinline__ void ds4_hc_comb_item(float* const mix, const float* 
     if (threadIdx.x >= 32u) return;
     const unsigned int h = (unsigned int)nh;
     const unsigned int mw = 2 * h + h * h;
-    if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = proj[item * mw + 2 * h + threadIdx.x];
+    if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = __ldcg(proj + item * mw + 2 * h + threadIdx.x);
     __syncwarp();
     ds4_hc_comb_lane(mix + item * mw, m, scale, base, h, iters, eps_mix, threadIdx.x);
 }}
@@ -148,9 +148,7 @@ pub fn ride_params() -> Vec<QParam> {
 
 /// The kernel text that runs the Sinkhorn in block 0 of a riding launch's grid x and
 /// returns (`row_block`: the launch's own block index, `blockIdx.x` less that block).
-pub fn ride_call() -> &'static str {
-    "if (cnh != 0ull && blockIdx.x == 0u) {\n        ds4_hc_comb_item(ds4_cmix, ds4_cproj, ds4_cscale, ds4_cbase, cnh, citers, ceps_mix, blockIdx.y);\n        return;\n    }\n    const unsigned int row_block = blockIdx.x - (cnh != 0ull ? 1u : 0u);"
-}
+pub const RIDE_CALL: &str = "if (cnh != 0ull && blockIdx.x == 0u) {\n        ds4_hc_comb_item(ds4_cmix, ds4_cproj, ds4_cscale, ds4_cbase, cnh, citers, ceps_mix, blockIdx.y);\n        return;\n    }\n    const unsigned int row_block = blockIdx.x - (cnh != 0ull ? 1u : 0u);";
 
 /// Whether a chain of `nh` streams of `d` values and `tokens` tokens can take the fused
 /// kernel (it reads the streams four floats at a time: `d` a multiple of 4, and the
@@ -162,8 +160,7 @@ pub fn fits(nh: usize, d: usize, tokens: usize) -> bool {
 /// The CUDA source. Launch: grid (2·nh + nh², tokens), `THREADS` threads.
 pub fn source() -> String {
     let mut s = format!("// {NAME}: a token's plain RMS norm, projection, mix and collapse in one launch (codegen/src/cuda_hc_pre.rs).\n\n");
-    s.push_str(&format!("#define DS4_MAX_NH {}u\n", cuda_hc_mix::MAX_NH));
-    s.push_str(cuda_hc_mix::HELPERS);
+    s.push_str(&comb_helpers());
     s.push_str(crate::cuda::BLOCK_SUM);
     s.push_str(crate::cuda::BLOCK_SUM2);
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
@@ -228,13 +225,10 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
             last = atomicAdd(&ds4_counters[2 * item + 1], 1) == (int)(h * h) - 1;
         }}
         __syncthreads();
-        if (!last || threadIdx.x >= 32) return;
+        if (!last) return;
         __threadfence();
-        __shared__ float m[2 * DS4_MAX_NH + DS4_MAX_NH * DS4_MAX_NH];
-        if (threadIdx.x < h * h) m[2 * h + threadIdx.x] = __ldcg(ds4_proj + item * mw + 2 * h + threadIdx.x);
         if (threadIdx.x == 0) ds4_counters[2 * item + 1] = 0;
-        __syncwarp();
-        ds4_hc_comb_lane(mix, m, ds4_scale, ds4_base, h, iters, eps_mix, threadIdx.x);
+        ds4_hc_comb_item(ds4_mix, ds4_proj, ds4_scale, ds4_base, nh, iters, eps_mix, item);
         return;
     }}
     // A pre or post weight, this block's own entry of the mix; the last of the nh pre
@@ -301,18 +295,18 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// A riding launch's Sinkhorn parameters are `hc_comb`'s, each named with a `c` in front.
     #[test]
     fn ride_params_are_comb_params_with_a_c() {
-        let (ride, comb) = (super::ride_params(), super::comb_params());
+        let (ride, comb) = (ride_params(), comb_params());
         assert_eq!(ride.len(), comb.len());
         for (r, c) in ride.iter().zip(&comb) {
             assert_eq!(r.name(), format!("c{}", c.name()));
             assert_eq!(std::mem::discriminant(r), std::mem::discriminant(c));
         }
     }
-
-    use super::*;
 
     #[test]
     fn fits_decode_tokens_of_a_warp_sized_mix() {

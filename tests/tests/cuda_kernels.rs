@@ -212,11 +212,33 @@ fn hc_mix_warp_matches_hc_mix() {
     }
 }
 
+/// The digits of `len` values (`x_digits`' outputs): the digit planes, the scales and the
+/// sums.
+type Digits = (ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf);
+
+/// Buffers for the digits of `len` values.
+fn alloc_digits(dev: &Arc<Device>, len: usize) -> Digits {
+    (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / cuda_digits::X_BLOCK * 4).unwrap(), dev.alloc(len / cuda_digits::SUM_SPAN * 4).unwrap())
+}
+
+/// `len` floats of a device buffer as their bits (comparisons bit for bit).
+fn f32_bits(b: &ds4_runtime::cuda::DeviceBuf, len: usize) -> Vec<u32> {
+    b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Asserts `got`, the digits of `len` values a fused launch made, bit for bit `want`
+/// (`x_digits`' of the same values): planes, scales and sums.
+fn assert_same_digits(what: &str, got: &Digits, want: &Digits, len: usize) {
+    let planes = |d: &Digits| d.0.read::<u8>(cuda_digits::digit_bytes(len)).unwrap();
+    assert_eq!(planes(got), planes(want), "{what}: digit planes ({len})");
+    assert_eq!(f32_bits(&got.1, len / cuda_digits::X_BLOCK), f32_bits(&want.1, len / cuda_digits::X_BLOCK), "{what}: scales ({len})");
+    assert_eq!(f32_bits(&got.2, len / cuda_digits::SUM_SPAN), f32_bits(&want.2, len / cuda_digits::SUM_SPAN), "{what}: sums ({len})");
+}
+
 /// `x_digits` on `len` floats at `x` (with `swiglu`'s clamp: of the clamped SwiGLU of the
-/// gate rows `x` and the up rows `u`), as the runtime launches it: the digit planes, the
-/// scales and the sums.
-fn x_digits_on(dev: &Arc<Device>, xk: &Loaded, x: u64, u: u64, len: usize, swiglu: Option<f32>) -> (ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf, ds4_runtime::cuda::DeviceBuf) {
-    let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(len)).unwrap(), dev.alloc(len / cuda_digits::X_BLOCK * 4).unwrap(), dev.alloc(len / cuda_digits::SUM_SPAN * 4).unwrap());
+/// gate rows `x` and the up rows `u`), as the runtime launches it.
+fn x_digits_on(dev: &Arc<Device>, xk: &Loaded, x: u64, u: u64, len: usize, swiglu: Option<f32>) -> Digits {
+    let (xd, xs, xsum) = alloc_digits(dev, len);
     let args = [Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(x), Arg::Ptr(u), Arg::U64(len as u64), Arg::F32(swiglu.unwrap_or(0.0)), Arg::U64(swiglu.is_some() as u64)];
     launch(dev, &xk.func, (cuda_digits::x_digits_blocks(len) as u32, 1, 1), (xk.threads, 1, 1), 0, &args).unwrap();
     (xd, xs, xsum)
@@ -530,8 +552,7 @@ fn matvec_dense_matches_the_f64_product_and_the_generated_kernel() {
             let comb = ks.get(cuda_hc_pre::HC_COMB).unwrap();
             launch(&dev, &comb.func, (tokens as u32, 1, 1), (32, 1, 1), 0, &[Arg::Ptr(mix_comb.ptr), Arg::Ptr(pb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), u(nh), u(iters), Arg::F32(1e-6)]).unwrap();
             assert!(out3.read::<f32>(tokens * n).unwrap().iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: the riding Sinkhorn changed the output", form.name);
-            let bits = |b: &ds4_runtime::cuda::DeviceBuf| b.read::<f32>(tokens * mw).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-            assert_eq!(bits(&mix_ride), bits(&mix_comb), "{}: the riding Sinkhorn's entries differ from hc_comb's (nh {nh}, {tokens} tokens)", form.name);
+            assert_eq!(f32_bits(&mix_ride, tokens * mw), f32_bits(&mix_comb, tokens * mw), "{}: the riding Sinkhorn's entries differ from hc_comb's (nh {nh}, {tokens} tokens)", form.name);
         }
         let mut worst = 0f64;
         for t in 0..tokens {
@@ -605,23 +626,19 @@ fn norm_digits_matches_the_norm_then_x_digits() {
     let ks = everything(&dev);
     let (nk, norm, xk) = (ks.get(cuda_digits::NORM_DIGITS).unwrap(), ks.get("rms_norm").unwrap(), ks.get(cuda_digits::X_DIGITS).unwrap());
     let mut r = Rng(seed());
-    let bits = |b: &ds4_runtime::cuda::DeviceBuf, len: usize| b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     for k in [32, 96, 512, cuda_digits::NORM_DIGITS_MAX_K] {
         assert!(cuda_digits::norm_digits_fits(1, k) && !cuda_digits::norm_digits_fits(2, k) && !cuda_digits::norm_digits_fits(1, k + 16));
         let eps = 1e-6f32;
         let (x, w) = (mixed_blocks(&mut r, k), f32s(&mut r, k, -2.0, 2.0));
         let (xb, wb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
         let out = dev.alloc(k * 4).unwrap();
-        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(k)).unwrap(), dev.alloc(k / 32 * 4).unwrap(), dev.alloc(k / 16 * 4).unwrap());
-        let args = [Arg::Ptr(out.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::U64(k as u64), Arg::F32(eps)];
+        let digits = alloc_digits(&dev, k);
+        let args = [Arg::Ptr(out.ptr), Arg::Ptr(digits.0.ptr), Arg::Ptr(digits.1.ptr), Arg::Ptr(digits.2.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::U64(k as u64), Arg::F32(eps)];
         launch(&dev, &nk.func, (1, 1, 1), (k as u32, 1, 1), 0, &args).unwrap();
         let want = dev.alloc(k * 4).unwrap();
         launch(&dev, &norm.func, (1, 1, 1), (k as u32, 1, 1), 0, &[Arg::Ptr(want.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::U64(k as u64), Arg::F32(eps)]).unwrap();
-        let (wd, ws, wsum) = x_digits_on(&dev, xk, want.ptr, want.ptr, k, None);
-        assert_eq!(bits(&out, k), bits(&want, k), "{}: the norm ({k})", cuda_digits::NORM_DIGITS);
-        assert_eq!(xd.read::<u8>(cuda_digits::digit_bytes(k)).unwrap(), wd.read::<u8>(cuda_digits::digit_bytes(k)).unwrap(), "{}: digit planes ({k})", cuda_digits::NORM_DIGITS);
-        assert_eq!(bits(&xs, k / 32), bits(&ws, k / 32), "{}: scales ({k})", cuda_digits::NORM_DIGITS);
-        assert_eq!(bits(&xsum, k / 16), bits(&wsum, k / 16), "{}: sums ({k})", cuda_digits::NORM_DIGITS);
+        assert_eq!(f32_bits(&out, k), f32_bits(&want, k), "{}: the norm ({k})", cuda_digits::NORM_DIGITS);
+        assert_same_digits(cuda_digits::NORM_DIGITS, &digits, &x_digits_on(&dev, xk, want.ptr, want.ptr, k, None), k);
         println!("{}: {k} values: rms_norm then x_digits, bit for bit", cuda_digits::NORM_DIGITS);
     }
 }
@@ -762,19 +779,15 @@ fn router_select_matches_the_chain_it_fuses() {
         x[32..64].fill(0.0);
         x[70] = f32::INFINITY;
         let xb = dev.upload(&x).unwrap();
-        let (xd, xs, xsum) = (dev.alloc(cuda_digits::digit_bytes(xlen)).unwrap(), dev.alloc(xlen / 32 * 4).unwrap(), dev.alloc(xlen / 16 * 4).unwrap());
+        let digits = alloc_digits(&dev, xlen);
         let (sel2, wts2) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
         let mut args2 = vec![Arg::Ptr(sel2.ptr), Arg::Ptr(wts2.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
-        args2.extend([Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(xsum.ptr), Arg::Ptr(xb.ptr), u(xlen), u(tokens)]);
+        args2.extend([Arg::Ptr(digits.0.ptr), Arg::Ptr(digits.1.ptr), Arg::Ptr(digits.2.ptr), Arg::Ptr(xb.ptr), u(xlen), u(tokens)]);
         let blocks = tokens + (xlen / 32).div_ceil(cuda_router::threads(n) as usize / 32);
         launch(&dev, &with_digits.func, (blocks as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args2).unwrap();
-        let (wd, ws, wsum) = x_digits_on(&dev, x_digits, xb.ptr, xb.ptr, xlen, None);
         assert_eq!(sel2.read::<i32>(tokens * k).unwrap(), want_sel, "router_select_digits picks ({tokens} tokens, {n} experts, k {k})");
-        let bits = |b: &ds4_runtime::cuda::DeviceBuf, len: usize| b.read::<f32>(len).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-        assert_eq!(bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
-        assert_eq!(xd.read::<u8>(cuda_digits::digit_bytes(xlen)).unwrap(), wd.read::<u8>(cuda_digits::digit_bytes(xlen)).unwrap(), "router_select_digits digit planes");
-        assert_eq!(bits(&xs, xlen / 32), bits(&ws, xlen / 32), "router_select_digits scales");
-        assert_eq!(bits(&xsum, xlen / 16), bits(&wsum, xlen / 16), "router_select_digits sums");
+        assert_eq!(f32_bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
+        assert_same_digits("router_select_digits", &digits, &x_digits_on(&dev, x_digits, xb.ptr, xb.ptr, xlen, None), xlen);
         println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights; with x's digits ({xlen}): x_digits' too");
     }
 }

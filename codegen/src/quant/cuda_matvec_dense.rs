@@ -169,7 +169,7 @@ impl Lower<'_> {
             let _ = writeln!(o, "{}{text}", "    ".repeat(depth));
         };
         // A Sinkhorn riding in block 0 (an `hc_pre`'s, `cuda_hc_pre::ride_params`).
-        w(1, crate::cuda_hc_pre::ride_call());
+        w(1, crate::cuda_hc_pre::RIDE_CALL);
         for l in [
             "const unsigned int lane = threadIdx.x & 31u;".to_string(),
             "const unsigned int warp = threadIdx.x >> 5;".into(),

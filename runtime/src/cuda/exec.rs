@@ -158,6 +158,8 @@ impl<'w> MatVec<'w> {
     }
 }
 
+/// Executes one run of a graph (`session.rs` makes one a run): what a run leaves pending
+/// (`digits_ahead`, `comb_pending`) ends with it.
 pub struct GpuExecutor<'a> {
     pub dev: &'a Arc<Device>,
     pub kernels: &'a Kernels,
@@ -175,9 +177,8 @@ pub struct GpuExecutor<'a> {
     /// x's digits made by the routing's launch for the experts' gate and up
     /// (`router_select`), taken by them (`digits_experts`).
     pub digits_ahead: std::cell::RefCell<Option<DigitsAhead>>,
-    /// An `hc_pre` launch's Sinkhorn, left for the shared expert's side lane (`hc_pre`,
-    /// `launch_comb`).
-    pub comb_pending: std::cell::RefCell<Option<CombPending>>,
+    /// An `hc_pre` launch's Sinkhorn, left for where it goes (`CombHome`).
+    pub comb_pending: std::cell::RefCell<Option<CombPending<'a>>>,
 }
 
 /// Where an `hc_pre` launch's Sinkhorn goes: out of its grid, which the launch after it
@@ -194,17 +195,13 @@ enum CombHome {
     Ride,
 }
 
-/// The `hc_comb` launch an `hc_pre` launch left (`cuda_hc_pre::HC_COMB`): its arguments,
-/// and the projections' buffer, kept until it is launched.
-pub struct CombPending {
+/// The Sinkhorn an `hc_pre` launch left (`cuda_hc_pre::HC_COMB`): its chain, mix and
+/// tokens, and the projections' buffer, kept until it is launched or rides a launch.
+pub struct CombPending<'a> {
     home: CombHome,
+    chain: &'a super::hc_pre::HcPreChain,
     proj: DeviceBuf,
     mix: u64,
-    scale: u64,
-    base: u64,
-    nh: usize,
-    iters: usize,
-    eps_mix: f32,
     tokens: usize,
 }
 
@@ -220,6 +217,8 @@ pub type FreqCache = std::sync::Mutex<HashMap<Vec<u32>, Arc<DeviceBuf>>>;
 
 /// Named arguments of one launch.
 type Named<'n> = [(&'n str, Arg)];
+/// Named arguments made to be passed on (`Named` owned).
+type NamedArgs = Vec<(&'static str, Arg)>;
 
 /// `ds4_codegen::quant::mma_k_unit` for type `t`.
 fn k_unit_of(t: ds4_ir::GgmlType) -> Result<usize, ExecError> {
@@ -386,7 +385,6 @@ impl GpuExecutor<'_> {
             false => (!switched_off!("DS4_COMB_RIDE")).then_some(CombHome::Ride),
         };
         let home = home.filter(|_| !switched_off!("DS4_COMB_BESIDE") && self.kernels.by_name.contains_key(cuda_hc_pre::HC_COMB));
-        let beside = home.is_some();
         // The collapse's norm too, where its weight is a vector of d floats.
         let norm = match &c.norm {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
@@ -411,13 +409,12 @@ impl GpuExecutor<'_> {
             ("eps_mix", Arg::F32(c.eps_mix)),
             ("has_norm", u(norm.is_some() as usize)),
             ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
-            ("comb", u(!beside as usize)),
+            ("comb", u(home.is_none() as usize)),
         ];
         self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
         if let Some(home) = home {
-            let (scale, base) = (self.weights.vector(&c.scale)?.ptr, self.weights.vector(&c.base)?.ptr);
             self.launch_comb()?;
-            self.comb_pending.replace(Some(CombPending { home, proj, mix: mix.ptr, scale, base, nh: c.nh, iters: c.iters, eps_mix: c.eps_mix, tokens }));
+            self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
         }
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
         if let Some((id, _, _, a)) = norm {
@@ -426,31 +423,35 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
+    /// A Sinkhorn's values in `cuda_hc_pre::comb_params`' order, named by `params` (those or
+    /// `ride_params`); none (`cnh` 0, placeholders) where `p` is None.
+    fn comb_args(&self, p: Option<&CombPending>, params: &[ds4_codegen::quant::QParam]) -> Result<NamedArgs, ExecError> {
+        let d = self.dummy.ptr;
+        let values = match p {
+            Some(p) => {
+                let c = p.chain;
+                let (scale, base) = (self.weights.vector(&c.scale)?.ptr, self.weights.vector(&c.base)?.ptr);
+                [Arg::Ptr(p.mix), Arg::Ptr(p.proj.ptr), Arg::Ptr(scale), Arg::Ptr(base), Arg::U64(c.nh as u64), Arg::U64(c.iters as u64), Arg::F32(c.eps_mix)]
+            }
+            None => [Arg::Ptr(d), Arg::Ptr(d), Arg::Ptr(d), Arg::Ptr(d), Arg::U64(0), Arg::U64(0), Arg::F32(0.0)],
+        };
+        Ok(params.iter().map(|q| q.name()).zip(values).collect())
+    }
+
     /// The Sinkhorn arguments of a dense mat-vec launch of `tokens` tokens
     /// (`cuda_hc_pre::ride_params`): a pending `CombHome::Ride` one's, taken, and true; or
-    /// none (`cnh` 0) and false.
-    fn ride_args(&self, tokens: usize) -> ([(&'static str, Arg); 7], bool) {
+    /// none and false.
+    fn ride_args(&self, tokens: usize) -> Result<(NamedArgs, bool), ExecError> {
         let ride = self.comb_pending.borrow().as_ref().is_some_and(|p| p.home == CombHome::Ride && p.tokens == tokens);
         let p = if ride { self.comb_pending.take() } else { None };
-        let d = self.dummy.ptr;
-        let args = [
-            ("cmix", Arg::Ptr(p.as_ref().map_or(d, |p| p.mix))),
-            ("cproj", Arg::Ptr(p.as_ref().map_or(d, |p| p.proj.ptr))),
-            ("cscale", Arg::Ptr(p.as_ref().map_or(d, |p| p.scale))),
-            ("cbase", Arg::Ptr(p.as_ref().map_or(d, |p| p.base))),
-            ("cnh", Arg::U64(p.as_ref().map_or(0, |p| p.nh as u64))),
-            ("citers", Arg::U64(p.as_ref().map_or(0, |p| p.iters as u64))),
-            ("ceps_mix", Arg::F32(p.as_ref().map_or(0.0, |p| p.eps_mix))),
-        ];
-        (args, ride)
+        Ok((self.comb_args(p.as_ref(), &cuda_hc_pre::ride_params())?, ride))
     }
 
     /// Launches the Sinkhorn an `hc_pre` launch left (`comb_pending`), if any, on the lane
     /// the executor is on.
     fn launch_comb(&self) -> Result<(), ExecError> {
         let Some(p) = self.comb_pending.take() else { return Ok(()) };
-        let u = |v: usize| Arg::U64(v as u64);
-        let named = [("mix", Arg::Ptr(p.mix)), ("proj", Arg::Ptr(p.proj.ptr)), ("scale", Arg::Ptr(p.scale)), ("base", Arg::Ptr(p.base)), ("nh", u(p.nh)), ("iters", u(p.iters)), ("eps_mix", Arg::F32(p.eps_mix))];
+        let named = self.comb_args(Some(&p), &cuda_hc_pre::comb_params())?;
         self.call(cuda_hc_pre::HC_COMB, (p.tokens as u32, 1), &named)
     }
 
@@ -630,6 +631,12 @@ impl GpuExecutor<'_> {
         Ok((xd, xs, xsum))
     }
 
+    /// Whether a token's short Q8_0_R rows may take `matvec_digits_q8_0_r` (`digits_on`;
+    /// `DS4_DIGITS_DENSE=0` turns it off alone).
+    fn digits_dense_on(&self) -> bool {
+        !switched_off!("DS4_DIGITS_DENSE") && self.digits_on(cuda_digits::MATVEC_Q8_0_R)
+    }
+
     /// x's digits (`len` floats at `x`) made ahead of their use where they were
     /// (`digits_ahead`: by the routing's launch, or with x's norm), else now.
     fn digits_of(&self, x: u64, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
@@ -646,7 +653,7 @@ impl GpuExecutor<'_> {
     /// take them (`DS4_NORM_DIGITS=0`: never).
     fn norm_digits(&self, id: ds4_ir::NodeId, x: Arg, w: Arg, n_out: usize, n: usize, eps: f32) -> Result<Option<GVal>, ExecError> {
         let name = cuda_digits::NORM_DIGITS;
-        if !cuda_digits::norm_digits_fits(n_out / n.max(1), n) || switched_off!("DS4_NORM_DIGITS") || switched_off!("DS4_DIGITS_DENSE") || !self.digits_on(cuda_digits::MATVEC_Q8_0_R) || !self.kernels.by_name.contains_key(name) {
+        if !cuda_digits::norm_digits_fits(n_out / n.max(1), n) || switched_off!("DS4_NORM_DIGITS") || !self.digits_dense_on() || !self.kernels.by_name.contains_key(name) {
             return Ok(None);
         }
         let takes_digits = |c: ds4_ir::NodeId| {
@@ -853,7 +860,7 @@ impl GpuExecutor<'_> {
         }
         // A token's short Q8_0_R rows (`attn_q_b`) in dp4a against x's digits
         // (cuda_digits.rs; `DS4_DIGITS_DENSE=0` turns it off).
-        if expand.is_none() && cuda_digits::dense_fits(w.ty, n, k, m, groups, picks, x_div, sel.is_some(), wts.is_some()) && w.ptr.is_multiple_of(4) && !switched_off!("DS4_DIGITS_DENSE") && self.digits_on(cuda_digits::MATVEC_Q8_0_R) {
+        if expand.is_none() && cuda_digits::dense_fits(w.ty, n, k, m, groups, picks, x_div, sel.is_some(), wts.is_some()) && w.ptr.is_multiple_of(4) && self.digits_dense_on() {
             // Made with x's norm where they could be (`norm_digits`), else here.
             let (xd, xs, _xsum) = self.digits_of(x, k)?;
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k)))];
@@ -867,7 +874,7 @@ impl GpuExecutor<'_> {
             let expand = self.take_expand(expand.filter(|e| cuda_matvec_dense::expand_fits(form, groups, e.nh)))?;
             let mut named = vec![("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("row_bytes", u(w.row_bytes(k))), ("groups", u(groups)), ("ng", u(ng))];
             named.extend(self.expand_args(expand.as_ref()));
-            let (ride, comb) = self.ride_args(m);
+            let (ride, comb) = self.ride_args(m)?;
             named.extend(ride);
             self.call(form.name, cuda_matvec_dense::grid(form, n, m, comb), &named)?;
             return Ok(expand.map(expand_value));
@@ -1052,8 +1059,6 @@ impl GpuExecutor<'_> {
         // Values made ahead of their node by a fused launch (`hc_pre`, `router_select`,
         // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
-        // A Sinkhorn left by a run that failed part way: its mix is no longer this run's.
-        drop(self.comb_pending.take());
         state.ensure_slots(g.n_slots);
         let u = |v: usize| Arg::U64(v as u64);
         let fl = |v: f32| Arg::F32(v);
