@@ -23,6 +23,7 @@ struct __half2 { __half x, y; };
 inline void __syncthreads() {}
 inline void __syncwarp(unsigned int = 0xffffffffu) {}
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int, int = 32) { return v; }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) { return v; }
 template <class T> inline T __shfl_sync(unsigned, T v, int, int = 32) { return v; }
 template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned, int = 32) { return v; }
 template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned, int = 32) { return v; }

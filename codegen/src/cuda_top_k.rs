@@ -82,13 +82,13 @@ __device__ __forceinline__ int ds4_top_k_index(const unsigned long long key) {
     return (int)(0xffffffffu - (unsigned int)key);
 }
 
-// The largest of the warp's lanes' keys `best`, in every lane (a shuffle tree).
-__device__ __forceinline__ unsigned long long ds4_warp_max_key(unsigned long long best) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-        best = other > best ? other : best;
-    }
-    return best;
+// The largest of the warp's lanes' keys `best`, in every lane: the largest high word
+// (one `redux.sync`), then the largest low word of the lanes holding it (a second), where
+// a shuffle tree took five rounds of two 32-bit shuffles each.
+__device__ __forceinline__ unsigned long long ds4_warp_max_key(const unsigned long long best) {
+    const unsigned int hi = __reduce_max_sync(0xffffffffu, (unsigned int)(best >> 32));
+    const unsigned int lo = __reduce_max_sync(0xffffffffu, (unsigned int)(best >> 32) == hi ? (unsigned int)best : 0u);
+    return ((unsigned long long)hi << 32) | (unsigned long long)lo;
 }
 
 // Sorts `len` keys (a power of two) descending, by the whole block: a bitonic network,
