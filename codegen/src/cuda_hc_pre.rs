@@ -75,7 +75,7 @@ pub fn params() -> Vec<QParam> {
 /// block ends 1.5 µs before it, H200, a globaltimer read in the blocks), and the launch
 /// after it (the router's mat-vec, `q_a`) waits for the whole grid, while only
 /// `hc_expand`, after the sublayer, reads the entries. The runtime launches it on a side
-/// lane that has time to spare (the shared expert's, `runtime/src/cuda/exec.rs`).
+/// lane that has time to spare (the shared expert's, `runtime/src/cuda/exec/hyper.rs`).
 pub const HC_COMB: &str = "hc_comb";
 
 /// [`HC_COMB`]'s parameters: the mix (its entries 2·nh.. written), the projections, the

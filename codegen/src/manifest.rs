@@ -56,7 +56,7 @@ pub fn op_kernels(op: &Op) -> &'static [&'static str] {
         Op::IndexerScores { .. } => &["indexer_head_dots", "indexer_combine"],
         // The row list in chunks (more of them when there are few items), then a merge.
         Op::Attention { .. } => &["attention_partial", "attention_merge"],
-        // A tensor-core matmul split over k adds its slices (CUDA, runtime/src/cuda/exec.rs).
+        // A tensor-core matmul split over k adds its slices (CUDA, runtime/src/cuda/exec/matvec.rs).
         Op::MatMul | Op::GroupedMatMul { .. } => &["add"],
         Op::Input { .. } | Op::Weight { .. } | Op::LastRow | Op::Embed | Op::Reshape { .. } | Op::WindowKv { .. } | Op::RowCache { .. } => &[],
     }
@@ -115,7 +115,7 @@ impl KernelSet {
                 Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul, QuantKernelKind::MatMulMma],
                 _ => &[QuantKernelKind::MatVec],
             };
-            // The indexer's query-row dots run as an F32 matmul on CUDA (runtime/src/cuda/exec.rs).
+            // The indexer's query-row dots run as an F32 matmul on CUDA (runtime/src/cuda/exec/mod.rs).
             if let Op::IndexerScores { .. } = node.op {
                 set.quant.entry((QuantKernelKind::MatMulMma, ds4_ir::GgmlType::F32)).or_default().insert(node.op.name());
             }

@@ -56,7 +56,7 @@
 //!
 //! A launch may be split over k (`gridDim.z` slices of `k_slice` columns, a multiple of
 //! [`stage_elems`]): slice z writes its partial sums at `out + z·out_slice`, and the
-//! runtime adds the slices in order (`runtime/src/cuda/exec.rs`, `mma_k_slices`).
+//! runtime adds the slices in order (`runtime/src/cuda/exec/`, `mma_k_slices`).
 //!
 //! A tile must not straddle two row groups of a grouped matmul: the runtime uses this
 //! kernel when `groups == 1` or `ng` is a multiple of [`MMA_ROWS`], the SIMT one otherwise.

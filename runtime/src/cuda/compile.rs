@@ -37,7 +37,7 @@ pub struct Loaded {
     /// Threads per block the kernel is written for.
     pub threads: u32,
     /// A generated op kernel: its loops stride by the block, so a launch may give it any
-    /// whole number of warps (`exec.rs`, `op_threads`); the others take `threads`.
+    /// whole number of warps (`exec/matvec.rs`, `op_threads`); the others take `threads`.
     pub any_block: bool,
     /// The most threads a block of it can have: its registers' limit (at most 1024) for an
     /// `any_block` kernel, else `threads`.

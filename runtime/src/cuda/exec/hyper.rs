@@ -1,0 +1,138 @@
+//! The hyper-connections' launches: `hc_pre` (the sublayer's mix, collapse and norm in one
+//! grid), where its Sinkhorn goes (`CombHome`: a launch at the shared expert's lane head, or
+//! a spare block of the next dense mat-vec), and the expand that the launch making its y
+//! makes too (`ExpandTo`; `ds4_codegen::cuda_hc_pre`, `cuda_hc_expand`).
+
+use super::*;
+
+impl GpuExecutor<'_> {
+    /// The hyper-connection pre chain that starts at norm node `norm` (`hc_pre.rs`), as
+    /// one `hc_pre` launch where it can run so (a decode's few tokens, an F16 projection,
+    /// a mix that fits a warp; `DS4_HC_PRE=0` turns it off): the values it makes ahead
+    /// of their nodes (the projection's none, the mix, the collapse, the collapse's
+    /// weighted norm where that is its only reader). `x`: the norm's
+    /// input, `tokens` rows of `n` floats (the streams).
+    pub(super) fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
+            return Ok(None);
+        }
+        let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
+        let w = self.weights.tensor(&c.w)?;
+        if !n.is_multiple_of(c.nh) || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || !x.ptr().is_multiple_of(16) {
+            return Ok(None);
+        }
+        let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
+        let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
+        // The Sinkhorn out of this launch (`CombHome`): the FFN's where the collapse's norm
+        // feeds the shared expert's lane, the others' riding the next dense mat-vec.
+        // `DS4_COMB_BESIDE=0` keeps both in this launch, `DS4_COMB_RIDE=0` the others.
+        let ffn = c.norm.as_ref().is_some_and(|(id, _, _)| self.graph.consumers(*id).iter().any(|&r| self.lane_of(r) == Some(Branch::SharedExpert)));
+        let home = match ffn {
+            true => Some(CombHome::SharedExpert),
+            false => (!switched_off!("DS4_COMB_RIDE")).then_some(CombHome::Ride),
+        };
+        let home = home.filter(|_| !switched_off!("DS4_COMB_BESIDE") && self.kernels.by_name.contains_key(cuda_hc_pre::HC_COMB));
+        // The collapse's norm too, where its weight is a vector of d floats.
+        let norm = match &c.norm {
+            Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
+            None => None,
+        };
+        let u = |v: usize| Arg::U64(v as u64);
+        let named = [
+            ("mix", Arg::Ptr(mix.ptr)),
+            ("y", Arg::Ptr(y.ptr)),
+            ("a", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.3.ptr))),
+            ("proj", Arg::Ptr(proj.ptr)),
+            ("counters", Arg::Ptr(self.hc_counters.ptr)),
+            ("x", Arg::Ptr(x.ptr())),
+            ("w", Arg::Ptr(w.ptr)),
+            ("scale", Arg::Ptr(self.weights.vector(&c.scale)?.ptr)),
+            ("base", Arg::Ptr(self.weights.vector(&c.base)?.ptr)),
+            ("norm_w", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.1))),
+            ("nh", u(c.nh)),
+            ("d", u(d)),
+            ("iters", u(c.iters)),
+            ("eps_norm", Arg::F32(eps)),
+            ("eps_mix", Arg::F32(c.eps_mix)),
+            ("has_norm", u(norm.is_some() as usize)),
+            ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
+            ("comb", u(home.is_none() as usize)),
+        ];
+        self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
+        if let Some(home) = home {
+            self.launch_comb()?;
+            self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
+        }
+        let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
+        if let Some((id, _, _, a)) = norm {
+            made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
+        }
+        Ok(Some(made))
+    }
+
+    /// A Sinkhorn's values in `cuda_hc_pre::comb_params`' order, named by `params` (those or
+    /// `ride_params`); none (`cnh` 0, placeholders) where `p` is None.
+    pub(super) fn comb_args(&self, p: Option<&CombPending>, params: &[ds4_codegen::quant::QParam]) -> Result<NamedArgs, ExecError> {
+        let d = self.dummy.ptr;
+        let values = match p {
+            Some(p) => {
+                let c = p.chain;
+                let (scale, base) = (self.weights.vector(&c.scale)?.ptr, self.weights.vector(&c.base)?.ptr);
+                [Arg::Ptr(p.mix), Arg::Ptr(p.proj.ptr), Arg::Ptr(scale), Arg::Ptr(base), Arg::U64(c.nh as u64), Arg::U64(c.iters as u64), Arg::F32(c.eps_mix)]
+            }
+            None => [Arg::Ptr(d), Arg::Ptr(d), Arg::Ptr(d), Arg::Ptr(d), Arg::U64(0), Arg::U64(0), Arg::F32(0.0)],
+        };
+        Ok(params.iter().map(|q| q.name()).zip(values).collect())
+    }
+
+    /// The Sinkhorn arguments of a dense mat-vec launch of `tokens` tokens
+    /// (`cuda_hc_pre::ride_params`): a pending `CombHome::Ride` one's, taken, and true; or
+    /// none and false.
+    pub(super) fn ride_args(&self, tokens: usize) -> Result<(NamedArgs, bool), ExecError> {
+        let ride = self.comb_pending.borrow().as_ref().is_some_and(|p| p.home == CombHome::Ride && p.tokens == tokens);
+        let p = if ride { self.comb_pending.take() } else { None };
+        Ok((self.comb_args(p.as_ref(), &cuda_hc_pre::ride_params())?, ride))
+    }
+
+    /// Launches the Sinkhorn an `hc_pre` launch left (`comb_pending`), if any, on the lane
+    /// the executor is on.
+    pub(super) fn launch_comb(&self) -> Result<(), ExecError> {
+        let Some(p) = self.comb_pending.take() else { return Ok(()) };
+        let named = self.comb_args(Some(&p), &cuda_hc_pre::comb_params())?;
+        self.call(cuda_hc_pre::HC_COMB, (p.tokens as u32, 1), &named)
+    }
+
+    /// The `hc_expand` (`fusion_plan`'s `expand`) whose y is node `y`, a decode token's
+    /// `d` values, for the launch that makes y to make too: None where the plan has none,
+    /// `DS4_EXPAND=0`, or its streams and mix are not a token's floats.
+    pub(super) fn expand_to(&self, y: ds4_ir::NodeId, vals: &HashMap<usize, GVal>, d: usize) -> Result<Option<ExpandTo>, ExecError> {
+        let Some(node) = self.plan.expand(y).filter(|_| !switched_off!("DS4_EXPAND")) else { return Ok(None) };
+        let Op::HcExpand { nh } = self.graph.node(node).op else { return Ok(None) };
+        let ins = self.graph.inputs(node);
+        let (Some(GVal::F(r)), Some(GVal::F(mix))) = (vals.get(&ins[1].index()), vals.get(&ins[2].index())) else { return Ok(None) };
+        if r.len != nh * d || mix.len != 2 * nh + nh * nh {
+            return Ok(None);
+        }
+        // A Sinkhorn still pending for this mix first.
+        if self.comb_pending.borrow().as_ref().is_some_and(|p| p.mix == mix.ptr()) {
+            self.launch_comb()?;
+        }
+        Ok(Some(ExpandTo { node, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
+    }
+
+    /// The expand a launch takes (None: none), with its new streams allocated.
+    pub(super) fn take_expand<'e>(&self, e: Option<&'e ExpandTo>) -> Result<Option<ExpandOut<'e>>, ExecError> {
+        e.map(|e| Ok((e, self.dev.alloc(e.len * 4)?))).transpose()
+    }
+
+    /// A launch's expand arguments (`cuda_hc_expand::params`; `enh` 0 for none).
+    pub(super) fn expand_args(&self, e: Option<&ExpandOut>) -> [(&'static str, Arg); 4] {
+        let e = e.map(|(e, out)| (*e, out.ptr));
+        [
+            ("eout", Arg::Ptr(e.map_or(self.dummy.ptr, |(_, out)| out))),
+            ("er", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.r))),
+            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.mix))),
+            ("enh", Arg::U64(e.map_or(0, |(e, _)| e.nh as u64))),
+        ]
+    }
+}
