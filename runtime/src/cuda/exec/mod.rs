@@ -4,6 +4,11 @@
 //! bookkeeping), token ids are checked from the host's copy, and the expert ids of a
 //! decode step need no check (`expert_ids.rs`): the only read back is the outputs (and,
 //! in prefill, each MoE layer's picks, to group the tokens by expert).
+//!
+//! Here: the walk over the nodes (`run_nodes`), the launch helpers and the side lanes. The
+//! launches a node's op may take sit by concern: `matvec.rs` (mat-vecs and matmuls),
+//! `digits.rs` (the integer paths and the MoE routing), `hyper.rs` (`hc_pre`, its
+//! Sinkhorn, the expand), `rope.rs` (the RoPE chains).
 
 mod digits;
 mod hyper;
