@@ -35,9 +35,9 @@
 //! group's x digit words loaded once for the four rows. H200, a standalone timing of one
 //! expert mat-vec (6 picks × 2048 rows × 4096): 28.3 µs generated, 19.4 µs here.
 //!
-//! The runtime (`runtime/src/cuda/exec/`, `MoeExperts`, `digits_experts`) uses it for a decode token's
-//! IQ2_XXS experts with rows of whole blocks and a multiple of [`ROWS_PER_BLOCK`] rows;
-//! `DS4_DIGITS=0` turns it off.
+//! The runtime (`runtime/src/cuda/exec/digits.rs`, `digits_experts`) uses it for a decode
+//! token's IQ2_XXS experts with rows of whole blocks and a multiple of [`ROWS_PER_BLOCK`]
+//! rows; `DS4_DIGITS=0` turns it off.
 
 use crate::quant::{BufElem, QParam};
 use crate::Target;

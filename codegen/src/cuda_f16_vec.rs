@@ -15,8 +15,8 @@
 //! four rows, or eight warps: no better across these shapes.)
 //!
 //! The sums differ from the generated kernel's in order only (`cuda_kernels` holds them to
-//! the same bound). The runtime (`runtime/src/cuda/exec/matvec.rs`, `matvec`) uses it for one
-//! token's mat-vec over all rows ([`fits`]); `DS4_F16_VEC=0` turns it off.
+//! the same bound). The runtime (`runtime/src/cuda/exec/matvec.rs`, `matvec`) uses it for
+//! one token's mat-vec over all rows ([`fits`]); `DS4_F16_VEC=0` turns it off.
 
 use crate::quant::{BufElem, QParam};
 

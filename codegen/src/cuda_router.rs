@@ -8,8 +8,9 @@
 //! a warp maximum over the lanes' keys, two `redux.sync` of 32 bits; the keys are held in
 //! registers for rows of up to 32 · `LANE_KEYS` experts, scanned in shared memory for
 //! longer ones; the keys are distinct, so these are the first k keys of the sorted row),
-//! else the whole block sorts the keys (`top_k_sort`'s network); then the warp writes the picks and their weights, lane j pick j. (The sort's
-//! 36 barriers for 256 experts made the launch 7.4 µs on the H200.) The floats are the four
+//! else the whole block sorts the keys (`top_k_sort`'s network); then the warp writes the
+//! picks and their weights, lane j pick j. (The sort's 36 barriers for 256 experts made
+//! the launch 7.4 µs on the H200.) The floats are the four
 //! kernels' (the same expressions; the weights' sum by the same shuffle tree as
 //! `router_weights` run by one warp, which is how the runtime launches it for k ≤ 32), so
 //! the picks and weights are theirs bit for bit (`cuda_kernels` checks). A place past the

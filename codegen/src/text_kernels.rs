@@ -5,8 +5,8 @@
 //! Each kernel either takes an IR kernel's contract (its parameters and output layout, as
 //! the generated kernel it stands for: `attention_tiled`, `attention_merge_warp`,
 //! `hc_mix_warp`, `top_k_sort`) or its own parameter list in the quant kernels' form
-//! (`hc_pre`, `router_select` (and with x's digits), the integer mat-vecs and their digits (`x_digits`,
-//! `rms_norm_digits`), `matvec_f16_vec`, `norm_rope`,
+//! (`hc_pre`, `hc_comb`, `router_select` (and with x's digits), the integer mat-vecs and
+//! their digits (`x_digits`, `rms_norm_digits`), `matvec_f16_vec`, `norm_rope`,
 //! `matvec_dense_q8_0_r` (generated from its quant declaration, CUDA's only),
 //! `attention_merge_rope`, `split_x_bf16x3`, `copy_spans`, `argmax_rows`).
 

@@ -20,8 +20,8 @@
 //! offsets, no staging buffer, `__ldg` loads, row addresses as 32-bit offsets, one path
 //! a kernel, 8 blocks an SM (64 registers: 14.8 on `attn_output_b`).
 //!
-//! The runtime (`runtime/src/cuda/exec/matvec.rs`, `matvec`) takes it where [`fits`] says and the
-//! weights are 16-byte aligned; `DS4_MATVEC_DENSE=0` turns it off. The sums are the
+//! The runtime (`runtime/src/cuda/exec/matvec.rs`, `matvec`) takes it where [`fits`] says
+//! and the weights are 16-byte aligned; `DS4_MATVEC_DENSE=0` turns it off. The sums are the
 //! generated kernel's, added in the same order within a lane (`cuda_kernels` holds it to
 //! the mat-vec bound).
 

@@ -153,6 +153,10 @@ impl FusionPlan {
                 _ => {}
             }
         }
+        // The pre chains whose norm the shared expert's branch reads (known only now).
+        for c in plan.hc_pre.values_mut() {
+            c.feeds_shared_expert = c.norm.as_ref().is_some_and(|(id, _, _)| g.consumers(*id).iter().any(|r| plan.side.get(&r.index()) == Some(&Branch::SharedExpert)));
+        }
         plan.all_rows = crate::all_rows::AllRows::of(g);
         plan.selecting = Schedule::of(g, run_order(g, &queries, &indexer_queries));
         plan.every_row = Schedule::of(g, g.order());
@@ -395,9 +399,15 @@ mod tests {
         let g = &model.graph;
         let plan = FusionPlan::of(g);
         let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands, mut indexed) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        let mut ffn_pre = 0;
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
+            // The FFN's pre chain feeds the shared expert's branch, the attention's does not.
+            if let Some(c) = plan.hc_pre(id) {
+                assert_eq!(c.feeds_shared_expert, g.node(id).label.contains("ffn"), "{}: feeds the shared expert", g.node(id).label);
+                ffn_pre += c.feeds_shared_expert as usize;
+            }
             assert_eq!(plan.norm_rope(id).is_some(), !found_pre && norm_rope::chain_at(g, id).is_some(), "{}", g.node(id).label);
             assert_eq!(plan.router(id).is_some(), router::chain_at(g, id).is_some(), "{}", g.node(id).label);
             if let Op::Rope { inv_freq, .. } = &g.node(id).op {
@@ -449,6 +459,7 @@ mod tests {
         }
         assert_eq!(pre, 2 * model.hp.n_layer, "two pre chains a layer");
         assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
+        assert_eq!(ffn_pre, model.hp.n_layer, "every layer's FFN pre chain feeds its shared expert");
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert_eq!(expands, 2 * model.hp.n_layer, "an expand after every sublayer, at its y");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");

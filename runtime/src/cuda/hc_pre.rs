@@ -22,6 +22,9 @@ pub struct HcPreChain {
     pub eps_mix: f32,
     /// The collapse's only reader when it is a weighted RMS norm: its node, weight, eps.
     pub norm: Option<(NodeId, String, f32)>,
+    /// Whether that norm feeds the shared expert's side branch (the FFN's chain: its
+    /// Sinkhorn goes to that lane's head), set by the plan once the branches are known.
+    pub feeds_shared_expert: bool,
 }
 
 /// The chain that starts at `norm`, if the graph has one there: a plain RMS norm of a
@@ -51,7 +54,7 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
         Op::RmsNorm { eps } if g.inputs(a)[0] == collapse => Some((a, g.weight_name(g.inputs(a)[1])?.to_string(), eps)),
         _ => None,
     });
-    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm })
+    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm, feeds_shared_expert: false })
 }
 
 #[cfg(test)]

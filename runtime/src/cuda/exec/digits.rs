@@ -22,11 +22,16 @@ impl GpuExecutor<'_> {
         allowed && [cuda_digits::X_DIGITS, name].iter().all(|n| self.kernels.by_name.contains_key(*n))
     }
 
+    /// Buffers for the digits of `len` values: the digit planes, the scales and the sums.
+    fn alloc_digits(&self, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
+        Ok((self.dev.alloc(cuda_digits::digit_bytes(len))?, self.dev.alloc(len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(len / cuda_digits::SUM_SPAN * 4)?))
+    }
+
     /// x's digits (`len` floats at `x`): the digit planes, the scales and the sums.
     /// `x`'s digits, or with `swiglu` (the up rows and the clamp) those of the clamped
     /// SwiGLU of the gate rows `x` and the up rows, which is then never made.
     pub(super) fn x_digits(&self, x: u64, len: usize, swiglu: Option<(u64, f32)>) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
-        let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(len))?, self.dev.alloc(len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(len / cuda_digits::SUM_SPAN * 4)?);
+        let (xd, xs, xsum) = self.alloc_digits(len)?;
         let (u, clamp) = swiglu.unwrap_or((self.dummy.ptr, 0.0));
         let named = [
             ("xd", Arg::Ptr(xd.ptr)),
@@ -75,7 +80,7 @@ impl GpuExecutor<'_> {
             return Ok(None);
         }
         let out = self.dev.alloc(n * 4)?;
-        let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(n))?, self.dev.alloc(n / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(n / cuda_digits::SUM_SPAN * 4)?);
+        let (xd, xs, xsum) = self.alloc_digits(n)?;
         let named = [("out", Arg::Ptr(out.ptr)), ("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", x), ("w", w), ("k", Arg::U64(n as u64)), ("eps", Arg::F32(eps))];
         let k = self.kernels.get(name)?;
         self.call_threads(k, name, (1, 1, 1), n as u32, 0, &named)?;
@@ -203,7 +208,7 @@ impl GpuExecutor<'_> {
         };
         if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0) {
             let kl = self.kernels.get(cuda_router::WITH_DIGITS)?;
-            let (xd, xs, xsum) = (self.dev.alloc(cuda_digits::digit_bytes(x.len))?, self.dev.alloc(x.len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(x.len / cuda_digits::SUM_SPAN * 4)?);
+            let (xd, xs, xsum) = self.alloc_digits(x.len)?;
             named.extend([("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x.ptr())), ("xk", u(x.len)), ("tokens", u(tokens))]);
             // The routing's threads make x_digits' warps of 32 values too.
             let blocks = tokens + (x.len / cuda_digits::X_BLOCK).div_ceil(cuda_router::threads(n) as usize / 32);

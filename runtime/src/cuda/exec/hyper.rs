@@ -26,8 +26,7 @@ impl GpuExecutor<'_> {
         // The Sinkhorn out of this launch (`CombHome`): the FFN's where the collapse's norm
         // feeds the shared expert's lane, the others' riding the next dense mat-vec.
         // `DS4_COMB_BESIDE=0` keeps both in this launch, `DS4_COMB_RIDE=0` the others.
-        let ffn = c.norm.as_ref().is_some_and(|(id, _, _)| self.graph.consumers(*id).iter().any(|&r| self.lane_of(r) == Some(Branch::SharedExpert)));
-        let home = match ffn {
+        let home = match c.feeds_shared_expert && branch_on(Branch::SharedExpert) {
             true => Some(CombHome::SharedExpert),
             false => (!switched_off!("DS4_COMB_RIDE")).then_some(CombHome::Ride),
         };

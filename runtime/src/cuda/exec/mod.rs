@@ -86,6 +86,12 @@ impl From<CudaError> for ExecError {
     }
 }
 
+/// Whether side branches of kind `b` run beside the main lane: `DS4_SIDE_BRANCH=0` keeps
+/// every node on the main lane, `DS4_SIDE_QUERY=0` the attention's query.
+fn branch_on(b: Branch) -> bool {
+    !switched_off!("DS4_SIDE_BRANCH") && !(b == Branch::Query && switched_off!("DS4_SIDE_QUERY"))
+}
+
 /// Node `id`'s value in, and the inputs whose last reader it is (at `step`) freed.
 fn settle(vals: &mut HashMap<usize, GVal>, id: ds4_ir::NodeId, value: GVal, ins: &[ds4_ir::NodeId], step: usize, last_use: &[usize]) {
     vals.insert(id.index(), value);
@@ -305,11 +311,7 @@ impl GpuExecutor<'_> {
     /// `DS4_SIDE_BRANCH=0` keeps every node on the main lane, `DS4_SIDE_QUERY=0` the
     /// attention's query.
     fn lane_of(&self, id: ds4_ir::NodeId) -> Option<Branch> {
-        match self.plan.side(id)? {
-            _ if switched_off!("DS4_SIDE_BRANCH") => None,
-            Branch::Query if switched_off!("DS4_SIDE_QUERY") => None,
-            b => Some(b),
-        }
+        self.plan.side(id).filter(|&b| branch_on(b))
     }
 
     /// Whether node `i`'s value is made by a main-lane launch after node `o` in graph
