@@ -335,6 +335,13 @@ pub(crate) fn own_entry_unwaited(name: &str, bounds: &str, params: &[crate::quan
     format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {name}({}) {{\n", crate::quant::cuda::c_params(params))
 }
 
+/// Op kernel `op`'s IR helpers (`ds4_ir::kernels`) for a kernel written as CUDA text, with
+/// the `usize` they may name declared (C++ takes the same typedef again): how a text kernel
+/// takes an op's arithmetic instead of restating it.
+pub(crate) fn text_helpers(op: &str) -> String {
+    format!("typedef unsigned long long usize;\n{}", crate::render::op_helpers(&Cuda { sm: 90 }, op))
+}
+
 /// The largest item output (bytes) a launch stages in shared memory.
 pub const STAGE_OUT_LIMIT: usize = 16 * 1024;
 

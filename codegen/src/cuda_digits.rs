@@ -285,9 +285,9 @@ pub const NORM_DIGITS_MAX_K: usize = 1024;
 pub fn norm_digits_source(target: Target) -> Option<String> {
     Some(format!(
         "// {NORM_DIGITS}: a token's RMS norm and x_digits of it (codegen/src/cuda_digits.rs).
-{}{}{}    const unsigned int t = threadIdx.x;
+{}{}{}{}    const unsigned int t = threadIdx.x;
     const float v = ds4_x[t];
-    const float inv = 1.0f / sqrtf(ds4_block_sum(v * v) / (float)k + eps);
+    const float inv = rms_inv(ds4_block_sum(v * v), k, eps);
     const float y = v * inv * ds4_w[t];
     ds4_out[t] = y;
     ds4_x_digits_value(y, t / {X_BLOCK}u, ds4_xd, ds4_xs, ds4_xsum, k);
@@ -295,6 +295,7 @@ pub fn norm_digits_source(target: Target) -> Option<String> {
 ",
         x_digits_block(target)?,
         crate::cuda::BLOCK_SUM,
+        crate::cuda::text_helpers("rms_norm"),
         crate::cuda::own_entry(NORM_DIGITS, &NORM_DIGITS_MAX_K.to_string(), &norm_digits_params()),
     ))
 }

@@ -164,6 +164,7 @@ pub fn source() -> String {
     s.push_str(crate::cuda::BLOCK_SUM);
     s.push_str(crate::cuda::BLOCK_SUM2);
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
+    s.push_str(&crate::cuda::text_helpers("rms_norm"));
     s.push_str(&format!(
         r#"
 // Four halves (8 bytes) as floats.
@@ -212,7 +213,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     const float2 sums = ds4_block_sum2(ss_part, dot_part);
     const float ss = sums.x, dot = sums.y;
     // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
-    const float p = dot * (1.0f / sqrtf(ss / (float)(4 * n4) + eps_norm));
+    const float p = dot * rms_inv(ss, (usize)(4 * n4), eps_norm);
     float* const mix = ds4_mix + item * mw;
     __shared__ bool last;
     if (row >= 2 * h) {{
@@ -278,7 +279,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
     // the outputs it wrote (held: its one output, kept).
     const float yy = ds4_block_sum(yy_part);
-    const float inv_a = 1.0f / sqrtf(yy / (float)d + eps_a);
+    const float inv_a = rms_inv(yy, d, eps_a);
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         const float4 v = held ? mine : y[c];
         const float4 g = nw[c];

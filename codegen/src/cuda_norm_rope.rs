@@ -83,6 +83,7 @@ pub fn source(target: Target) -> Option<String> {
     let mut s = format!("// {NAME}: an RMS norm, RoPE and the FP8 round trip of a row in one launch (codegen/src/cuda_norm_rope.rs).\n\n");
     s.push_str(crate::cuda::BLOCK_SUM);
     s.push_str(&crate::render::op_helpers(&cuda, "fp8_roundtrip"));
+    s.push_str(&crate::cuda::text_helpers("rms_norm"));
     s.push_str(&rope_row(&cuda));
     s.push_str(&format!(
         r#"
@@ -108,7 +109,7 @@ __device__ __forceinline__ float ds4_fp8_value(const float v, const float block_
         const unsigned int lane = i & 31u;
         const float xv = ds4_x[base + i];
         const float wv = weighted != 0ull ? ds4_w[i] : 1.0f;
-        const float inv = 1.0f / sqrtf(ds4_block_sum(xv * xv) / (float)n + eps);
+        const float inv = rms_inv(ds4_block_sum(xv * xv), n, eps);
         float v = weighted != 0ull ? xv * inv * wv : xv * inv;
         const float other = __shfl_xor_sync(0xffffffffu, v, 1);
         const unsigned long long nope = n - n_rot;
@@ -140,7 +141,7 @@ __device__ __forceinline__ float ds4_fp8_value(const float v, const float block_
         }}
         ss += ds4_block_sum(ss_part);
     }}
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    const float inv = rms_inv(ss, n, eps);
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
         ds4_row[i] = weighted != 0ull ? ds4_x[base + i] * inv * ds4_w[i] : ds4_x[base + i] * inv;
     }}

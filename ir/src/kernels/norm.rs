@@ -10,7 +10,7 @@ pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize,
         let v = x[base + i];
         ss += v * v;
     }
-    let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
+    let inv = rms_inv(ss, n, eps);
     'par: for i in 0..n {
         out[i] = x[base + i] * inv * w[i];
     }
@@ -25,10 +25,18 @@ pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, ep
         let v = x[base + i];
         ss += v * v;
     }
-    let inv = F::one() / (ss / F::from_usize(n) + eps).sqrt();
+    let inv = rms_inv(ss, n, eps);
     'par: for i in 0..n {
         out[i] = x[base + i] * inv;
     }
+}
+
+/// The inverse RMS of `n` values whose squares add to `ss`: what a norm multiplies them by.
+/// CUDA's fused norms (`rms_norm_digits`, `norm_rope`, `hc_pre`) render this helper too,
+/// so the arithmetic is written once.
+#[ds4_macros::kernel_helper]
+fn rms_inv<F: Real>(ss: F, n: usize, eps: F) -> F {
+    F::one() / (ss / F::from_usize(n) + eps).sqrt()
 }
 
 /// Elementwise sum of two rows of `n`.
