@@ -115,7 +115,7 @@ impl KernelSet {
                 Op::MatMul | Op::GroupedMatMul { .. } | Op::MoeExperts { .. } => &[QuantKernelKind::MatVec, QuantKernelKind::MatMul, QuantKernelKind::MatMulMma],
                 _ => &[QuantKernelKind::MatVec],
             };
-            // The indexer's query-row dots run as an F32 matmul on CUDA (runtime/src/cuda/exec/mod.rs).
+            // The indexer's query-row dots run as an F32 matmul on CUDA (runtime/src/cuda/exec/indexer.rs).
             if let Op::IndexerScores { .. } = node.op {
                 set.quant.entry((QuantKernelKind::MatMulMma, ds4_ir::GgmlType::F32)).or_default().insert(node.op.name());
             }

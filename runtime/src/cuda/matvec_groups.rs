@@ -6,7 +6,7 @@
 //! decode each is a mat-vec of a few µs, most of it the launch's ramp and tail. The
 //! upload puts the weights of such a group back to back (`placement.rs`), and the
 //! executor then runs the group's mat-vecs as one launch over all their rows, each
-//! node's output a view of the launch's (`exec/mod.rs`, `Op::MatMul`).
+//! node's output a view of the launch's (`exec/matvec.rs`, `matmul_node`).
 
 use ds4_ir::{GgmlType, Graph, NodeId, Op};
 

@@ -7,6 +7,53 @@
 use super::*;
 
 impl GpuExecutor<'_> {
+    /// A MatMul node: a prefill's matmul, or a decode token's mat-vec together with the
+    /// group's later MatMuls whose weights follow its own (one launch, each output a view
+    /// of its; their values kept in `made`), and the expand of its output where it is the
+    /// only one (`attn_output_b`).
+    pub(super) fn matmul_node(&self, nv: &NodeView, made: &mut HashMap<usize, GVal>, skipped: &HashSet<usize>) -> Result<GVal, ExecError> {
+        let (id, n_out) = (nv.id, nv.n_out);
+        let (k, n, m) = (nv.last(0), nv.shape[nv.shape.len() - 1], nv.rows(0));
+        let x = nv.fs(0)?.ptr();
+        let w0 = nv.w(1)?;
+        if m > 1 {
+            let out = self.dev.alloc(n_out * 4)?;
+            self.matmul(&out, w0, x, n, k, m, 1, n)?;
+            return Ok(GVal::F(DevSlice::whole(out, n_out)));
+        }
+        let mut group = vec![(id, n)];
+        let mut end = w0.ptr + w0.bytes as u64;
+        while let Some((next, rows)) = self.next_in_group(id, nv.ins[0], w0, k, end, |i| nv.vals.contains_key(&i) || made.contains_key(&i) || skipped.contains(&i)) {
+            group.push((next, rows));
+            end = self.weights.tensor(&weight_of(nv.graph, next)?)?.ptr + (rows * w0.row_bytes(k)) as u64;
+        }
+        let total: usize = group.iter().map(|&(_, r)| r).sum();
+        let out = std::sync::Arc::new(self.dev.alloc(total * 4)?);
+        let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
+        let expand = if group.len() == 1 { self.expand_to(id, nv.vals, n)? } else { None };
+        made.extend(self.matvec_expand(&out, &MatVec::rows(&flat, x, total, k, 1), expand.as_ref())?);
+        let mut off = n;
+        for &(other, rows) in &group[1..] {
+            made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
+            off += rows;
+        }
+        Ok(GVal::F(DevSlice { buf: out, off: 0, len: n }))
+    }
+
+    /// A GroupedMatMul node (`attn_output_a`): `groups` row groups, each reading its own
+    /// part of x.
+    pub(super) fn grouped_matmul_node(&self, nv: &NodeView, groups: usize) -> Result<GVal, ExecError> {
+        let (kg, n, m) = (nv.last(0) / groups, nv.shape[nv.shape.len() - 1], nv.rows(0));
+        let out = self.dev.alloc(nv.n_out * 4)?;
+        let x = nv.fs(0)?.ptr();
+        if m > 1 {
+            self.matmul(&out, nv.w(1)?, x, n, kg, m, groups, n / groups)?;
+        } else {
+            self.matvec(&out, &MatVec { groups, ng: n / groups, ..MatVec::rows(nv.w(1)?, x, n, kg, m) })?;
+        }
+        Ok(GVal::F(DevSlice::whole(out, nv.n_out)))
+    }
+
     /// The next mat-vec of a decode group (`matvec_groups.rs`): a MatMul node not yet run
     /// (`done` false) that reads the same x node, whose weight (of `first`'s type, rows of
     /// `k`) starts at `end`; its node and row count.

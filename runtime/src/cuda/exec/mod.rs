@@ -5,15 +5,24 @@
 //! decode step need no check (`expert_ids.rs`): the only read back is the outputs (and,
 //! in prefill, each MoE layer's picks, to group the tokens by expert).
 //!
-//! Here: the walk over the nodes (`run_nodes`), the launch helpers and the side lanes. The
-//! launches a node's op may take sit by concern: `matvec.rs` (mat-vecs and matmuls),
-//! `digits.rs` (the integer paths and the MoE routing), `hyper.rs` (`hc_pre`, its
-//! Sinkhorn, the expand), `rope.rs` (the RoPE chains).
+//! Here: the walk over the nodes (`run_nodes`), each op's launches (`node_value`), the
+//! launch helpers and the side lanes; the node at hand is a `NodeView` (`node.rs`). The
+//! larger ops and the launches they may take sit by concern: `matvec.rs` (mat-vecs and
+//! matmuls), `moe.rs` (the routed experts), `attention.rs` (the compressor's pool and the
+//! attention), `indexer.rs` (the indexer's scores, top-k), `digits.rs` (the integer paths
+//! and the MoE routing), `hyper.rs` (`hc_pre`, its Sinkhorn, the expand), `rope.rs` (the
+//! RoPE chains).
 
+mod attention;
 mod digits;
 mod hyper;
+mod indexer;
 mod matvec;
+mod moe;
+mod node;
 mod rope;
+
+pub use moe::expert_groups;
 
 use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
@@ -28,41 +37,9 @@ use crate::state::SessionState;
 use ds4_codegen::quant::cuda_matvec_dense;
 use ds4_codegen::{cuda_argmax, cuda_attention, cuda_attention_merge, cuda_digits, cuda_f16_vec, cuda_hc_mix, cuda_hc_pre, cuda_indexer_scores, cuda_norm_rope, cuda_router, cuda_top_k, cuda_top_k_radix};
 use ds4_codegen::quant::{kernel_name, QuantKernelKind};
-use ds4_ir::kernels::attention;
 use ds4_ir::{Bind, CompMode, Graph, Op, RopePos};
-use std::collections::HashMap;
-
-/// Blocks per SM an attention launch aims for.
-const ATTENTION_BLOCKS_PER_SM: usize = 4;
-
-/// The most chunks an attention item's rows are split into.
-const ATTENTION_MAX_CHUNKS: usize = 32;
-
-/// Chunks an attention launch splits each item's rows into: enough for
-/// [`ATTENTION_BLOCKS_PER_SM`] blocks an SM (`blocks`: the launch's blocks at one chunk),
-/// at most [`ATTENTION_MAX_CHUNKS`], but no more than one per `min_rows` of the `seen`
-/// rows a token may see (window and compressed or selected rows). A decode token of an
-/// HCA layer at ctx 2048 sees 144 rows: 32 chunks gave each block a part of one
-/// `attention_tiled` tile (16 rows) and the merge 32 partial rows a head to fold, where 9
-/// chunks cost the attention no more and the merge less. H200, synthetic q2, decode
-/// steady t/s, two rounds (`DS4_ATT_CHUNK_ROWS`, 0 for no floor): none 149.37 / 151.38,
-/// 16 rows 152.18 / 151.98, 32 150.55 / 149.19, 64 145.36 / 145.60; ctx 8192 150.79 →
-/// 151.47 (16).
-fn attention_chunks(blocks: usize, sms: usize, seen: usize, min_rows: usize) -> usize {
-    let by_sms = (ATTENTION_BLOCKS_PER_SM * sms / blocks.max(1)).clamp(1, ATTENTION_MAX_CHUNKS);
-    if min_rows == 0 {
-        by_sms
-    } else {
-        by_sms.min(seen.div_ceil(min_rows).max(1))
-    }
-}
-
-/// Rows an attention chunk takes at least: one `attention_tiled` tile.
-/// `DS4_ATT_CHUNK_ROWS` overrides it (0: no floor; for measuring).
-fn attention_chunk_rows() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("DS4_ATT_CHUNK_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(cuda_attention::TILE_ROWS))
-}
+use node::{fl, u, NodeView};
+use std::collections::{HashMap, HashSet};
 
 /// Iterations a thread takes at least when an op kernel's item is spread over blocks (a
 /// decode step's few items): one, so that a decode's small ops (`hc_expand`'s 16384
@@ -388,6 +365,10 @@ impl GpuExecutor<'_> {
         out
     }
 
+    /// The walk over the graph's nodes in the plan's order: each node's value launched
+    /// (`node_value`) or taken from a fused launch that made it ahead, on the lane the plan
+    /// gives it, and each input freed after its last reader; then the greedy picks, or the
+    /// outputs read back.
     fn run_nodes(&self, state: &mut SessionState<DeviceLog>, bind: Bind, ids: StepIds, residual: Option<&[f32]>, greedy: Option<GreedyPicks>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let g = self.graph;
         // Selections that are every row: not made (`crate::all_rows`), and the order
@@ -400,63 +381,8 @@ impl GpuExecutor<'_> {
         // `norm_rope`, a mat-vec group), by node.
         let mut made: HashMap<usize, GVal> = HashMap::new();
         state.ensure_slots(g.n_slots);
-        let u = |v: usize| Arg::U64(v as u64);
-        let fl = |v: f32| Arg::F32(v);
         for (step, &id) in order.iter().enumerate() {
-            let node = g.node(id);
-            let label = node.label.as_str();
             let ins = g.inputs(id);
-            let shape = node.ty.shape.eval(bind);
-            let n_out: usize = shape.iter().product();
-            let in_shape = |i: usize| g.node(ins[i]).ty.shape.eval(bind);
-            let last = |i: usize| *in_shape(i).last().unwrap_or(&1);
-            let rows = |i: usize| {
-                let s = in_shape(i);
-                s.iter().product::<usize>() / s.last().copied().unwrap_or(1).max(1)
-            };
-            let fs = |i: usize| -> Result<&DevSlice, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::F(s)) => Ok(s),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not a float value"))),
-                }
-            };
-            let f = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(fs(i)?.ptr())) };
-            let is = |i: usize| -> Result<&DevSlice, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::I(s)) => Ok(s),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not an i32 value"))),
-                }
-            };
-            let iv = |i: usize| -> Result<Arg, ExecError> { Ok(Arg::Ptr(is(i)?.ptr())) };
-            // Token ids are checked on the host's copy, the graph input (no read back); ids
-            // on the device by the bound they are known to keep.
-            let check_ids = |i: usize, size: usize, what: &str| -> Result<(), ExecError> {
-                if !matches!(&g.node(ins[i]).op, Op::Input { name, .. } if name == "ids") {
-                    return Err(ExecError::Internal(format!("{label}: token ids must be the graph's ids input")));
-                }
-                match ids {
-                    StepIds::Host(host) => match host.iter().find(|&&t| t < 0 || t as usize >= size) {
-                        Some(bad) => Err(ExecError::Input(format!("token id {bad} is outside the {what} (size {size})"))),
-                        None => Ok(()),
-                    },
-                    StepIds::Device { below, .. } if below > size => Err(ExecError::Input(format!("token ids up to {} may be outside the {what} (size {size})", below - 1))),
-                    StepIds::Device { .. } => Ok(()),
-                }
-            };
-            let w = |i: usize| -> Result<&DeviceTensor, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::W(name)) => Ok(self.weights.tensor(name)?),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} is not a weight"))),
-                }
-            };
-            // A small float parameter: an activation or a weight kept as an f32 vector.
-            let vecf = |i: usize| -> Result<Arg, ExecError> {
-                match vals.get(&ins[i].index()) {
-                    Some(GVal::F(s)) => Ok(Arg::Ptr(s.ptr())),
-                    Some(GVal::W(name)) => Ok(Arg::Ptr(self.weights.vector(name)?.ptr)),
-                    _ => Err(ExecError::Internal(format!("{label}: input {i} has no value"))),
-                }
-            };
             if skipped.contains(&id.index()) {
                 made.remove(&id.index());
                 continue;
@@ -474,436 +400,197 @@ impl GpuExecutor<'_> {
             // that reads the FFN's) or an expand at the latest (a launch that makes the
             // expand launches it first: `expand_to`).
             let home = self.comb_pending.borrow().as_ref().map(|p| p.home);
-            if (home == Some(CombHome::SharedExpert) && self.lane_of(id) == Some(Branch::SharedExpert)) || matches!(node.op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
+            let op = &g.node(id).op;
+            if (home == Some(CombHome::SharedExpert) && self.lane_of(id) == Some(Branch::SharedExpert)) || matches!(op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
                 self.launch_comb()?;
             }
             let t_node = profile::start(self.dev)?;
-            let value = match &node.op {
-                Op::Input { name, .. } => match name.as_str() {
-                    "ids" => match ids {
-                        StepIds::Host(host) => GVal::I(DevSlice::whole(self.dev.upload(host)?, host.len())),
-                        StepIds::Device { ids, .. } if ids.len == bind.tokens => GVal::I(ids.clone()),
-                        StepIds::Device { ids, .. } => return Err(ExecError::Input(format!("{} token ids on the device for {} tokens", ids.len, bind.tokens))),
-                    },
-                    "residual" => {
-                        let r = residual.ok_or_else(|| ExecError::Input("this graph needs an incoming residual".into()))?;
-                        if r.len() != n_out {
-                            return Err(ExecError::Input(format!("residual has {} values, the graph needs {n_out}", r.len())));
-                        }
-                        GVal::F(DevSlice::whole(self.dev.upload(r)?, n_out))
-                    }
-                    other => return Err(ExecError::Input(format!("unknown graph input '{other}'"))),
-                },
-                Op::Weight { name, .. } => GVal::W(name.clone()),
-                Op::Embed => {
-                    let table = w(1)?;
-                    let (d, vocab) = (shape[1], table.ne[1] as usize);
-                    check_ids(0, vocab, "vocabulary")?;
-                    let out = self.dev.alloc(n_out * 4)?;
-                    let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(table.ptr)), ("ids", iv(0)?), ("k", u(d)), ("row_bytes", u(table.row_bytes(d)))];
-                    self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (bind.tokens as u32, 1), &named)?;
-                    GVal::F(DevSlice::whole(out, n_out))
-                }
-                Op::MatMul => {
-                    let (k, n, m) = (last(0), shape[shape.len() - 1], rows(0));
-                    let Arg::Ptr(x) = f(0)? else { unreachable!() };
-                    if m > 1 {
-                        let out = self.dev.alloc(n_out * 4)?;
-                        self.matmul(&out, w(1)?, x, n, k, m, 1, n)?;
-                        GVal::F(DevSlice::whole(out, n_out))
-                    } else {
-                        // With the mat-vecs after it that read the same x from weights
-                        // right after its own: one launch, each output a view of its.
-                        let w0 = w(1)?;
-                        let mut group = vec![(id, n)];
-                        let mut end = w0.ptr + w0.bytes as u64;
-                        while let Some((next, rows)) = self.next_in_group(id, ins[0], w0, k, end, |i| vals.contains_key(&i) || made.contains_key(&i) || skipped.contains(&i)) {
-                            group.push((next, rows));
-                            end = self.weights.tensor(&weight_of(g, next)?)?.ptr + (rows * w0.row_bytes(k)) as u64;
-                        }
-                        let total: usize = group.iter().map(|&(_, r)| r).sum();
-                        let out = std::sync::Arc::new(self.dev.alloc(total * 4)?);
-                        let flat = DeviceTensor { ptr: w0.ptr, ty: w0.ty, ne: vec![k as u64, total as u64], bytes: total * w0.row_bytes(k) };
-                        // A lone mat-vec may make the expand of its output (`attn_output_b`).
-                        let expand = if group.len() == 1 { self.expand_to(id, &vals, n)? } else { None };
-                        made.extend(self.matvec_expand(&out, &MatVec::rows(&flat, x, total, k, 1), expand.as_ref())?);
-                        let mut off = n;
-                        for &(other, rows) in &group[1..] {
-                            made.insert(other.index(), GVal::F(DevSlice { buf: out.clone(), off, len: rows }));
-                            off += rows;
-                        }
-                        GVal::F(DevSlice { buf: out, off: 0, len: n })
-                    }
-                }
-                Op::GroupedMatMul { groups } => {
-                    let (kg, n, m) = (last(0) / groups, shape[shape.len() - 1], rows(0));
-                    let out = self.dev.alloc(n_out * 4)?;
-                    let Arg::Ptr(x) = f(0)? else { unreachable!() };
-                    if m > 1 {
-                        self.matmul(&out, w(1)?, x, n, kg, m, *groups, n / groups)?;
-                    } else {
-                        self.matvec(&out, &MatVec { groups: *groups, ng: n / groups, ..MatVec::rows(w(1)?, x, n, kg, m) })?;
-                    }
-                    GVal::F(DevSlice::whole(out, n_out))
-                }
-                Op::MoeExperts { clamp } => {
-                    let (Arg::Ptr(a), Arg::Ptr(sel), Arg::Ptr(wts)) = (f(0)?, iv(1)?, f(2)?) else { unreachable!() };
-                    let (gate, up, down) = (w(3)?, w(4)?, w(5)?);
-                    let (d, k, t) = (last(0), last(1), rows(0));
-                    let (ff, n_exp) = (gate.ne[1] as usize, gate.ne[2] as usize);
-                    // Prefill: the (token, pick) rows grouped by expert, TOKENS to a group,
-                    // so that each de-quantized expert weight serves its group (the tiled
-                    // matmul over row lists): the picks are read back (checked, as on the
-                    // CPU). Decode: a mat-vec per (token, pick) over the picked expert's
-                    // rows, with no read (see expert_ids.rs).
-                    let groups = if t > 1 {
-                        let sel_host: Vec<i32> = is(1)?.read()?;
-                        if let Some(bad) = sel_host.iter().find(|&&e| e < 0 || e as usize >= n_exp) {
-                            return Err(ExecError::Input(format!("{label}: expert id {bad} outside 0..{n_exp}")));
-                        }
-                        let (idx, gexp) = expert_groups(&sel_host, n_exp, MMA_TOKENS);
-                        Some((self.dev.upload(&idx)?, self.dev.upload(&gexp)?, gexp.len()))
-                    } else {
-                        None
-                    };
-                    let gb = self.dev.alloc(t * k * ff * 4)?;
-                    let ub = self.dev.alloc(t * k * ff * 4)?;
-                    match &groups {
-                        Some((idx, gexp, n_groups)) => {
-                            let mma = QuantKernelKind::MatMulMma;
-                            // Gate and up read the same x: its parts made once.
-                            let kernels = [self.kernels.get(&kernel_name(mma, gate.ty))?, self.kernels.get(&kernel_name(mma, up.ty))?];
-                            let parts = self.split_x(&kernels, a, x_parts::x_len(t * k, d, 1, k))?;
-                            self.matmul_launch(mma, &gb, gate, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
-                            self.matmul_launch(mma, &ub, up, a, ff, d, t * k, 1, ff, k, Some((idx.ptr, gexp.ptr)), *n_groups, parts.as_ref())?;
-                        }
-                        None if t == 1 && self.digits_experts(&gb, &ub, gate, up, a, sel, ff, d, k)? => {}
-                        None => {
-                            // Row t·k + j: token t's pick j, its x row t.
-                            self.matvec(&gb, &MatVec { sel: Some(sel), x_div: k, ..MatVec::rows(gate, a, ff, d, t * k) })?;
-                            self.matvec(&ub, &MatVec { sel: Some(sel), x_div: k, ..MatVec::rows(up, a, ff, d, t * k) })?;
-                        }
-                    }
-                    // Digits the routing made for x and nothing took stay behind no layer.
-                    self.digits_ahead.replace(None);
-                    // A decode's integer down takes the digits of the SwiGLU, made by
-                    // `x_digits` from the gate and up rows: the SwiGLU is never made.
-                    if groups.is_none() && t == 1 && self.digits_down_fits(down, d, ff, k) {
-                        let out = self.dev.alloc(n_out * 4)?;
-                        // The graph's add of the shared expert, which this node's only
-                        // reader is, folded into the integer down (`fusion_plan.rs`).
-                        let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match vals.get(&other.index()) {
-                            Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
-                            _ => None,
-                        });
-                        // And the expand of what it makes (the add's value, or its own).
-                        let expand = self.expand_to(add.map_or(id, |(add, _)| add), &vals, d)?;
-                        made.extend(self.digits_down(&out, down, gb.ptr, ub.ptr, *clamp, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?);
-                        let value = GVal::F(DevSlice::whole(out, n_out));
-                        match add {
-                            Some((add, _)) => fused(&mut made, vec![(add.index(), value)]),
-                            None => value,
-                        }
-                    } else {
-                        let h = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(*clamp))])?;
-                        let GVal::F(h) = h else { unreachable!() };
-                        // Per token: Σ over picks of weight · down(h).
-                        match &groups {
-                            Some((idx, gexp, n_groups)) => {
-                                let y = self.dev.alloc(t * k * d * 4)?;
-                                self.matmul_launch(QuantKernelKind::MatMulMma, &y, down, h.ptr(), d, ff, t * k, 1, d, 1, Some((idx.ptr, gexp.ptr)), *n_groups, None)?;
-                                self.op("moe_combine", n_out, d, &[("y", Arg::Ptr(y.ptr)), ("wts", Arg::Ptr(wts)), ("k", u(k)), ("d", u(d))])?
-                            }
-                            None => {
-                                let out = self.dev.alloc(n_out * 4)?;
-                                // Token t's k picks summed with their weights.
-                                self.matvec(&out, &MatVec { sel: Some(sel), wts: Some(wts), picks: k, ..MatVec::rows(down, h.ptr(), d, ff, t) })?;
-                                GVal::F(DevSlice::whole(out, n_out))
-                            }
-                        }
-                    }
-                }
-                // A view of the last row, no copy.
-                Op::LastRow => match vals.get(&ins[0].index()) {
-                    Some(GVal::F(s)) => GVal::F(DevSlice { buf: s.buf.clone(), off: s.off + s.len - n_out, len: n_out }),
-                    _ => return Err(ExecError::Internal(format!("{label}: input 0 is not a float value"))),
-                },
-                Op::Reshape { .. } => match vals.get(&ins[0].index()) {
-                    Some(GVal::F(s)) => GVal::F(s.clone()),
-                    Some(GVal::I(s)) => GVal::I(s.clone()),
-                    _ => return Err(ExecError::Internal(format!("{label}: reshape of a non-activation"))),
-                },
-                Op::RmsNorm { eps } => {
-                    let n = last(0);
-                    match self.norm_rope(id, fs(0)?, n_out, n, bind)? {
-                        Some(ahead) => fused(&mut made, ahead),
-                        None => match self.norm_digits(id, f(0)?, vecf(1)?, n_out, n, *eps)? {
-                            Some(v) => v,
-                            None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
-                        },
-                    }
-                }
-                Op::RmsNormPlain { eps } => {
-                    let n = last(0);
-                    let ahead = match self.hc_pre(id, fs(0)?, rows(0), n, *eps)? {
-                        Some(ahead) => Some(ahead),
-                        None => self.norm_rope(id, fs(0)?, n_out, n, bind)?,
-                    };
-                    match ahead {
-                        Some(ahead) => fused(&mut made, ahead),
-                        None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
-                    }
-                }
-                Op::Add => {
-                    let n = last(0);
-                    self.op("add", n_out, n, &[("a", f(0)?), ("b", f(1)?), ("n", u(n))])?
-                }
-                Op::HcBroadcast { nh } => {
-                    let d = last(0);
-                    self.op("hc_broadcast", n_out, nh * d, &[("x", f(0)?), ("nh", u(*nh)), ("d", u(d))])?
-                }
-                Op::HcMix { nh, iters, eps } => {
-                    let mw = last(0);
-                    let named = [("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))];
-                    // A warp per token where the nh × nh matrix fits one (cuda_hc_mix.rs: the
-                    // same contract, launched as the op kernel is, a block of its own size).
-                    let warp = cuda_hc_mix::fits(*nh) && self.kernels.by_name.contains_key(cuda_hc_mix::NAME);
-                    self.op(if warp { cuda_hc_mix::NAME } else { "hc_mix" }, n_out, mw, &named)?
-                }
-                Op::HcHeadMix { nh, eps } => self.op("hc_head_mix", n_out, *nh, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("eps", fl(*eps))])?,
-                Op::HcCollapse { nh } => {
-                    let (d, mw) = (last(0), last(1));
-                    self.op("hc_collapse", n_out, d, &[("r", f(0)?), ("mix", f(1)?), ("nh", u(*nh)), ("d", u(d)), ("mw", u(mw))])?
-                }
-                Op::HcExpand { nh } => {
-                    let d = last(0);
-                    // Its parallel loop is over the d channels (each thread makes the nh streams
-                    // of its channel).
-                    self.op_over("hc_expand", n_out, nh * d, (d, op_per_thread()), &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
-                }
-                Op::Rope { n_rot, .. } => {
-                    let (heads, hd) = (shape[1], shape[2]);
-                    // With the Hadamard transform after it, one launch where it can.
-                    match self.rope_hadamard(id, fs(0)?, n_out, heads, hd, *n_rot, bind)? {
-                        Some(ahead) => fused(&mut made, ahead),
-                        None => {
-                            let r = self.rope_args(id, bind)?;
-                            let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
-                            self.op("rope", n_out, hd, &named)?
-                        }
-                    }
-                }
-                Op::Fp8RoundTrip { n_nope } => {
-                    let wd = last(0);
-                    self.op("fp8_roundtrip", n_out, wd, &[("x", f(0)?), ("w", u(wd)), ("n_nope", u(*n_nope))])?
-                }
-                Op::HadamardFp4 { fp4 } => self.op("hadamard_fp4", n_out, 128, &[("x", f(0)?), ("fp4", Arg::Bool(*fp4))])?,
-                Op::RouterScores => {
-                    let n = last(0);
-                    // The routed experts' input, whose digits the routing may make for them.
-                    let x = self.plan.router(id).and_then(|c| c.experts).and_then(|moe| match vals.get(&g.inputs(moe)[0].index()) {
-                        Some(GVal::F(s)) => Some(s),
-                        _ => None,
-                    });
-                    match self.router_select(id, fs(0)?, x, rows(0), n)? {
-                        Some(ahead) => fused(&mut made, ahead),
-                        None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
-                    }
-                }
-                Op::RouterBiased => {
-                    let n = last(0);
-                    self.op("router_biased", n_out, n, &[("scores", f(0)?), ("bias", vecf(1)?), ("n", u(n))])?
-                }
-                Op::RouterHash { k } => {
-                    let table = w(1)?;
-                    let vocab = table.bytes / 4 / k;
-                    check_ids(0, vocab, "hash table")?;
-                    let GVal::F(s) = self.op("router_hash", n_out, *k, &[("ids", iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
-                    GVal::I(s)
-                }
-                Op::TopK { k } => {
-                    let n = last(0);
-                    let named = [("scores", f(0)?), ("n", u(n)), ("k", u(*k))];
-                    // Long rows (the indexer's at long contexts): a radix selection, then a
-                    // sort of the k picks (cuda_top_k_radix.rs; `DS4_TOP_K_RADIX=0` turns it
-                    // off); shorter ones: a block sorts each row in shared memory
-                    // (cuda_top_k.rs). Both: a block a row.
-                    // An attention's selection read by it alone: the radix selection's picks in
-                    // row order, unsorted (`FusionPlan::rows_top_k`; `DS4_TOP_K_ROWS=0` sorts).
-                    let rows = self.plan.rows_top_k(id) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_ROWS") && self.kernels.by_name.contains_key(cuda_top_k_radix::ROWS_NAME);
-                    let radix = (n > cuda_top_k_radix::FROM_N || !cuda_top_k::fits(n)) && cuda_top_k_radix::fits(*k) && !switched_off!("DS4_TOP_K_RADIX");
-                    let block = if rows {
-                        (cuda_top_k_radix::ROWS_NAME, cuda_top_k_radix::THREADS, 0)
-                    } else if radix {
-                        (cuda_top_k_radix::NAME, cuda_top_k_radix::THREADS, cuda_top_k_radix::shared_bytes(n, *k))
-                    } else {
-                        (cuda_top_k::NAME, cuda_top_k::threads(n), cuda_top_k::shared_bytes(n))
-                    };
-                    match self.kernels.by_name.get(block.0).filter(|_| (rows || radix || cuda_top_k::fits(n)) && n_out > 0) {
-                        Some(kl) => {
-                            let out = self.dev.alloc(n_out * 4)?;
-                            let mut all = vec![("out", Arg::Ptr(out.ptr))];
-                            all.extend_from_slice(&named);
-                            self.call_threads(kl, block.0, ((n_out / k) as u32, 1, 1), block.1, block.2, &all)?;
-                            GVal::I(DevSlice::whole(out, n_out))
-                        }
-                        // Otherwise by rank, a candidate's rank a scan of up to n scores, one
-                        // candidate per thread, an item over as many blocks as that takes.
-                        None => {
-                            let GVal::F(s) = self.op_over("top_k", n_out, *k, (n.max(1), 1), &named)? else { unreachable!() };
-                            GVal::I(s)
-                        }
-                    }
-                }
-                Op::RouterWeights { scale, normalize } => {
-                    let (n, k) = (last(0), last(1));
-                    self.op("router_weights", n_out, k, &[("scores", f(0)?), ("sel", iv(1)?), ("n", u(n)), ("k", u(k)), ("scale", fl(*scale)), ("normalize", Arg::Bool(*normalize))])?
-                }
-                Op::SwiGlu { clamp } => {
-                    let n = last(0);
-                    self.op("swiglu", n_out, n, &[("g", f(0)?), ("u", f(1)?), ("n", u(n)), ("clamp", fl(*clamp))])?
-                }
-                Op::WindowKv { slot, window } => GVal::F(slot_ops::window_kv(state, *slot, *window, last(0), fs(0)?, bind, label)?),
-                Op::CompressPool { slot, ratio, overlap, width } => {
-                    let wd = *width;
-                    let logs = slot_ops::compress_log(state, *slot, *ratio, *overlap, last(0), fs(0)?, fs(1)?, shape[0], bind, label)?;
-                    // The new rows' slots gathered from the logs (kv, then gate + ape), pooled.
-                    let slots = slot_ops::pool_slots(*ratio, *overlap);
-                    let per_row = slots * wd;
-                    let named = [
-                        ("kv", Arg::Ptr(logs.kv.ptr())),
-                        ("gate", Arg::Ptr(logs.gate.ptr())),
-                        ("ape", vecf(2)?),
-                        ("n_rows", u(logs.n_rows)),
-                        ("first_row", u(logs.first_row)),
-                        ("first", u(logs.first)),
-                        ("ratio", u(*ratio)),
-                        ("slots", u(slots)),
-                        ("w", u(wd)),
-                    ];
-                    let GVal::F(gathered) = self.op("compress_gather", 2 * logs.n_rows * per_row, per_row, &named)? else { unreachable!() };
-                    let (kv, gate) = (gathered.ptr(), gathered.ptr() + (logs.n_rows * per_row * 4) as u64);
-                    self.op("compress_pool", n_out, wd, &[("kv", Arg::Ptr(kv)), ("gate", Arg::Ptr(gate)), ("slots", u(slots)), ("w", u(wd))])?
-                }
-                Op::RowCache { slot, ratio } => GVal::F(slot_ops::row_cache(state, *slot, *ratio, last(0), fs(0)?, bind, label)?),
-                Op::IndexerScores { ratio } => {
-                    let (qs, n_rows) = (in_shape(0), shape[1]);
-                    let (tokens, heads, dk) = (qs[0], qs[1], qs[2]);
-                    let (Arg::Ptr(q), Arg::Ptr(rows)) = (f(0)?, f(2)?) else { unreachable!() };
-                    let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(*ratio))];
-                    // A decode token's scores in one launch (cuda_indexer_scores.rs: the
-                    // CPU's floats); `DS4_INDEXER_VEC=0` turns it off.
-                    if cuda_indexer_scores::fits(tokens, heads, dk, n_rows) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
-                        let out = self.dev.alloc(n_out * 4)?;
-                        let tile = cuda_indexer_scores::tile_rows(n_rows, self.dev.sms);
-                        let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", f(1)?), ("rows", Arg::Ptr(rows)), ("tile_rows", u(tile))][..], &common].concat();
-                        let k = self.kernels.get(cuda_indexer_scores::NAME)?;
-                        self.call_threads(k, cuda_indexer_scores::NAME, (cuda_indexer_scores::blocks(n_rows, tile, self.dev.sms), tokens as u32, 1), cuda_indexer_scores::threads(heads), cuda_indexer_scores::shared_bytes(heads, dk), &named)?;
-                        GVal::F(DevSlice::whole(out, n_out))
-                    } else {
-                        // Two steps (see `indexer_head_dots`). Step 1 is every (token, head)
-                        // query against every row: one tensor-core matmul with the rows as an
-                        // F32 "weight" (rows a query may not see are computed and then masked
-                        // by step 2).
-                        let dots = self.dev.alloc(n_out * heads * 4)?;
-                        let rows = DeviceTensor { ptr: rows, ty: ds4_ir::GgmlType::F32, ne: vec![dk as u64, n_rows as u64], bytes: n_rows * dk * 4 };
-                        let m = tokens * heads;
-                        self.matmul_launch(QuantKernelKind::MatMulMma, &dots, &rows, q, n_rows, dk, m, 1, n_rows, 1, None, m.div_ceil(MMA_TOKENS), None)?;
-                        self.op("indexer_combine", n_out, n_rows, &[&[("dots", Arg::Ptr(dots.ptr)), ("w", f(1)?)][..], &common].concat())?
-                    }
-                }
-                Op::Attention { window, ratio, comp } => {
-                    let comp = if self.plan.all_rows().every_row(id, bind) { &CompMode::Causal } else { comp };
-                    let (heads, hd) = (shape[1], shape[2]);
-                    let n_win = in_shape(1)[0];
-                    let win_pos0 = bind.pos0 - bind.window_prior(*window);
-                    let dummy = Arg::Ptr(self.dummy.ptr);
-                    let (comp_rows, n_comp) = if *comp != CompMode::None { (f(3)?, in_shape(3)[0]) } else { (dummy, 0) };
-                    let (sel, k_sel) = if *comp == CompMode::Selected { (iv(4)?, last(4)) } else { (dummy, 0) };
-                    let mode = match comp {
-                        CompMode::None => attention::COMP_NONE,
-                        CompMode::Causal => attention::COMP_CAUSAL,
-                        CompMode::Selected => attention::COMP_SELECTED,
-                    };
-                    let scale = 1.0 / (hd as f32).sqrt();
-                    let named = [
-                        ("q", f(0)?),
-                        ("win", f(1)?),
-                        ("comp", comp_rows),
-                        ("sel", sel),
-                        ("sinks", vecf(2)?),
-                        ("heads", u(heads)),
-                        ("hd", u(hd)),
-                        ("pos0", u(bind.pos0)),
-                        ("win_pos0", u(win_pos0)),
-                        ("n_win", u(n_win)),
-                        ("window", u(*window)),
-                        ("n_comp", u(n_comp)),
-                        ("comp_mode", u(mode)),
-                        ("ratio", u(*ratio)),
-                        ("k_sel", u(k_sel)),
-                        ("scale", fl(scale)),
-                    ];
-                    // Each item's rows in `nc` chunks, then the merge: few blocks (decode) get
-                    // more chunks, so that the launch has ~4 blocks per SM, but no chunk fewer
-                    // rows than a tile (`attention_chunks`). attention_tiled
-                    // serves 16 heads of a token per block, holding their Q and O in
-                    // registers; heads wider than MAX_HD take the generated attention_partial
-                    // (a block per head).
-                    let (items, tokens) = (n_out / hd, shape[0]);
-                    let tiled = hd <= cuda_attention::MAX_HD && self.kernels.by_name.contains_key(cuda_attention::NAME);
-                    let blocks = if tiled { cuda_attention::blocks(tokens, heads, 1) } else { items };
-                    let seen = n_win + if *comp == CompMode::Selected { k_sel } else { n_comp };
-                    let nc = attention_chunks(blocks, self.dev.sms, seen, attention_chunk_rows());
-                    let mut pnamed: Vec<(&str, Arg)> = named.to_vec();
-                    pnamed.push(("nc", u(nc)));
-                    let part = if tiled {
-                        let part = self.dev.alloc(items * nc * (hd + 2) * 4)?;
-                        pnamed.push(("out", Arg::Ptr(part.ptr)));
-                        self.call(cuda_attention::NAME, (cuda_attention::blocks(tokens, heads, nc) as u32, 1), &pnamed)?;
-                        DevSlice::whole(part, items * nc * (hd + 2))
-                    } else {
-                        let GVal::F(part) = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)? else { unreachable!() };
-                        part
-                    };
-                    // A warp takes the chunks' maxima and sums where they fit one
-                    // (cuda_attention_merge.rs: the same contract and floats).
-                    // `DS4_MERGE_WARP=0` turns it off (for measuring).
-                    let warp = !switched_off!("DS4_MERGE_WARP") && cuda_attention_merge::fits(nc) && self.kernels.by_name.contains_key(cuda_attention_merge::NAME);
-                    // With the inverse RoPE after it where the plan pairs them.
-                    let with_rope = match self.plan.attention_rope(id).filter(|_| warp) {
-                        Some(rope) => self.merge_rope(rope, &part, items, heads, hd, nc, bind)?.map(|out| (rope, out)),
-                        None => None,
-                    };
-                    match with_rope {
-                        Some((rope, out)) => fused(&mut made, vec![(rope.index(), GVal::F(DevSlice::whole(out, n_out)))]),
-                        None => self.op(if warp { cuda_attention_merge::NAME } else { "attention_merge" }, n_out, hd, &[("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc))])?,
-                    }
-                }
+            let value = {
+                let nv = NodeView::new(g, id, &ins, bind, &vals, self.weights);
+                self.node_value(&nv, op, &mut made, &skipped, state, ids, residual)?
             };
-            profile::stop(self.dev, t_node, node.op.name(), label)?;
+            profile::stop(self.dev, t_node, op.name(), &g.node(id).label)?;
             settle(&mut vals, id, value, &ins, step, last_use);
         }
         // A Sinkhorn no node took (none should be left).
         self.launch_comb()?;
         state.trim(bind.pos0 + bind.tokens);
-        let mut outs = HashMap::new();
-        if let Some(picks) = greedy {
-            // The logits picked on the device; nothing read back.
-            let Some(Some(GVal::F(logits))) = g.outputs.iter().find(|(name, _)| name == "logits").map(|(_, id)| vals.get(&id.index())) else {
-                return Err(ExecError::Internal("a greedy step needs the graph's logits".into()));
-            };
-            let rows = bind.tokens;
-            let n = logits.len / rows.max(1);
-            if rows == 0 || picks.picked.len < rows || picks.at + rows > picks.host.count() || n * rows != logits.len {
-                return Err(ExecError::Internal(format!("greedy picks for {rows} rows of {} logits", logits.len)));
-            }
-            let host = picks.host.ptr() + 4 * picks.at as u64;
-            let named = [("picked", Arg::Ptr(picks.picked.ptr())), ("picked_host", Arg::Ptr(host)), ("x", Arg::Ptr(logits.ptr())), ("n", u(n))];
-            self.call_threads(self.kernels.get(cuda_argmax::NAME)?, cuda_argmax::NAME, (rows as u32, 1, 1), cuda_argmax::THREADS, 0, &named)?;
-            return Ok(outs);
+        match greedy {
+            Some(picks) => self.pick_greedy(&vals, bind, picks).map(|_| HashMap::new()),
+            None => self.read_outputs(&vals),
         }
-        for (name, id) in &g.outputs {
+    }
+
+    /// Node `nv`'s value (`op` its op): launched here, or by a launch that makes later
+    /// nodes' values too (kept in `made` for their turn; `skipped`: nodes never made).
+    #[allow(clippy::too_many_arguments)]
+    fn node_value(&self, nv: &NodeView, op: &Op, made: &mut HashMap<usize, GVal>, skipped: &HashSet<usize>, state: &mut SessionState<DeviceLog>, ids: StepIds, residual: Option<&[f32]>) -> Result<GVal, ExecError> {
+        let (id, n_out, bind) = (nv.id, nv.n_out, nv.bind);
+        let (f, vecf, last) = (|i| nv.f(i), |i| nv.vecf(i), |i| nv.last(i));
+        Ok(match op {
+            Op::Input { name, .. } => match name.as_str() {
+                "ids" => match ids {
+                    StepIds::Host(host) => GVal::I(DevSlice::whole(self.dev.upload(host)?, host.len())),
+                    StepIds::Device { ids, .. } if ids.len == bind.tokens => GVal::I(ids.clone()),
+                    StepIds::Device { ids, .. } => return Err(ExecError::Input(format!("{} token ids on the device for {} tokens", ids.len, bind.tokens))),
+                },
+                "residual" => {
+                    let r = residual.ok_or_else(|| ExecError::Input("this graph needs an incoming residual".into()))?;
+                    if r.len() != n_out {
+                        return Err(ExecError::Input(format!("residual has {} values, the graph needs {n_out}", r.len())));
+                    }
+                    GVal::F(DevSlice::whole(self.dev.upload(r)?, n_out))
+                }
+                other => return Err(ExecError::Input(format!("unknown graph input '{other}'"))),
+            },
+            Op::Weight { name, .. } => GVal::W(name.clone()),
+            Op::Embed => {
+                let table = nv.w(1)?;
+                let (d, vocab) = (nv.shape[1], table.ne[1] as usize);
+                nv.check_ids(0, vocab, "vocabulary", ids)?;
+                let out = self.dev.alloc(n_out * 4)?;
+                let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(table.ptr)), ("ids", nv.iv(0)?), ("k", u(d)), ("row_bytes", u(table.row_bytes(d)))];
+                self.call(&kernel_name(QuantKernelKind::DequantRows, table.ty), (bind.tokens as u32, 1), &named)?;
+                GVal::F(DevSlice::whole(out, n_out))
+            }
+            Op::MatMul => self.matmul_node(nv, made, skipped)?,
+            Op::GroupedMatMul { groups } => self.grouped_matmul_node(nv, *groups)?,
+            Op::MoeExperts { clamp } => self.moe_experts_node(nv, *clamp, made)?,
+            // A view of the last row, no copy.
+            Op::LastRow => {
+                let s = nv.fs(0)?;
+                GVal::F(DevSlice { buf: s.buf.clone(), off: s.off + s.len - n_out, len: n_out })
+            }
+            Op::Reshape { .. } => match nv.vals.get(&nv.ins[0].index()) {
+                Some(GVal::F(s)) => GVal::F(s.clone()),
+                Some(GVal::I(s)) => GVal::I(s.clone()),
+                _ => return Err(ExecError::Internal(format!("{}: reshape of a non-activation", nv.label))),
+            },
+            Op::RmsNorm { eps } => {
+                let n = last(0);
+                match self.norm_rope(id, nv.fs(0)?, n_out, n, bind)? {
+                    Some(ahead) => fused(made, ahead),
+                    None => match self.norm_digits(id, f(0)?, vecf(1)?, n_out, n, *eps)? {
+                        Some(v) => v,
+                        None => self.op("rms_norm", n_out, n, &[("x", f(0)?), ("w", vecf(1)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                    },
+                }
+            }
+            Op::RmsNormPlain { eps } => {
+                let n = last(0);
+                let ahead = match self.hc_pre(id, nv.fs(0)?, nv.rows(0), n, *eps)? {
+                    Some(ahead) => Some(ahead),
+                    None => self.norm_rope(id, nv.fs(0)?, n_out, n, bind)?,
+                };
+                match ahead {
+                    Some(ahead) => fused(made, ahead),
+                    None => self.op("rms_norm_plain", n_out, n, &[("x", f(0)?), ("n", u(n)), ("eps", fl(*eps))])?,
+                }
+            }
+            Op::Add => {
+                let n = last(0);
+                self.op("add", n_out, n, &[("a", f(0)?), ("b", f(1)?), ("n", u(n))])?
+            }
+            Op::HcBroadcast { nh } => {
+                let d = last(0);
+                self.op("hc_broadcast", n_out, nh * d, &[("x", f(0)?), ("nh", u(*nh)), ("d", u(d))])?
+            }
+            Op::HcMix { nh, iters, eps } => {
+                let mw = last(0);
+                let named = [("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("iters", u(*iters)), ("eps", fl(*eps))];
+                // A warp per token where the nh × nh matrix fits one (cuda_hc_mix.rs: the
+                // same contract, launched as the op kernel is, a block of its own size).
+                let warp = cuda_hc_mix::fits(*nh) && self.kernels.by_name.contains_key(cuda_hc_mix::NAME);
+                self.op(if warp { cuda_hc_mix::NAME } else { "hc_mix" }, n_out, mw, &named)?
+            }
+            Op::HcHeadMix { nh, eps } => self.op("hc_head_mix", n_out, *nh, &[("m", f(0)?), ("scale", vecf(1)?), ("base", vecf(2)?), ("nh", u(*nh)), ("eps", fl(*eps))])?,
+            Op::HcCollapse { nh } => {
+                let (d, mw) = (last(0), last(1));
+                self.op("hc_collapse", n_out, d, &[("r", f(0)?), ("mix", f(1)?), ("nh", u(*nh)), ("d", u(d)), ("mw", u(mw))])?
+            }
+            Op::HcExpand { nh } => {
+                let d = last(0);
+                // Its parallel loop is over the d channels (each thread makes the nh streams
+                // of its channel).
+                self.op_over("hc_expand", n_out, nh * d, (d, op_per_thread()), &[("y", f(0)?), ("r", f(1)?), ("mix", f(2)?), ("nh", u(*nh)), ("d", u(d))])?
+            }
+            Op::Rope { n_rot, .. } => {
+                let (heads, hd) = (nv.shape[1], nv.shape[2]);
+                // With the Hadamard transform after it, one launch where it can.
+                match self.rope_hadamard(id, nv.fs(0)?, n_out, heads, hd, *n_rot, bind)? {
+                    Some(ahead) => fused(made, ahead),
+                    None => {
+                        let r = self.rope_args(id, bind)?;
+                        let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
+                        self.op("rope", n_out, hd, &named)?
+                    }
+                }
+            }
+            Op::Fp8RoundTrip { n_nope } => {
+                let wd = last(0);
+                self.op("fp8_roundtrip", n_out, wd, &[("x", f(0)?), ("w", u(wd)), ("n_nope", u(*n_nope))])?
+            }
+            Op::HadamardFp4 { fp4 } => self.op("hadamard_fp4", n_out, 128, &[("x", f(0)?), ("fp4", Arg::Bool(*fp4))])?,
+            Op::RouterScores => {
+                let n = last(0);
+                // The routed experts' input, whose digits the routing may make for them.
+                let x = self.plan.router(id).and_then(|c| c.experts).and_then(|moe| match nv.vals.get(&nv.graph.inputs(moe)[0].index()) {
+                    Some(GVal::F(s)) => Some(s),
+                    _ => None,
+                });
+                match self.router_select(id, nv.fs(0)?, x, nv.rows(0), n)? {
+                    Some(ahead) => fused(made, ahead),
+                    None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
+                }
+            }
+            Op::RouterBiased => {
+                let n = last(0);
+                self.op("router_biased", n_out, n, &[("scores", f(0)?), ("bias", vecf(1)?), ("n", u(n))])?
+            }
+            Op::RouterHash { k } => {
+                let table = nv.w(1)?;
+                let vocab = table.bytes / 4 / k;
+                nv.check_ids(0, vocab, "hash table", ids)?;
+                let GVal::F(s) = self.op("router_hash", n_out, *k, &[("ids", nv.iv(0)?), ("table", Arg::Ptr(table.ptr)), ("k", u(*k))])? else { unreachable!() };
+                GVal::I(s)
+            }
+            Op::TopK { k } => self.top_k_node(nv, *k)?,
+            Op::RouterWeights { scale, normalize } => {
+                let (n, k) = (last(0), last(1));
+                self.op("router_weights", n_out, k, &[("scores", f(0)?), ("sel", nv.iv(1)?), ("n", u(n)), ("k", u(k)), ("scale", fl(*scale)), ("normalize", Arg::Bool(*normalize))])?
+            }
+            Op::SwiGlu { clamp } => {
+                let n = last(0);
+                self.op("swiglu", n_out, n, &[("g", f(0)?), ("u", f(1)?), ("n", u(n)), ("clamp", fl(*clamp))])?
+            }
+            Op::WindowKv { slot, window } => GVal::F(slot_ops::window_kv(state, *slot, *window, last(0), nv.fs(0)?, bind, nv.label)?),
+            Op::CompressPool { slot, ratio, overlap, width } => self.compress_pool_node(nv, state, *slot, *ratio, *overlap, *width)?,
+            Op::RowCache { slot, ratio } => GVal::F(slot_ops::row_cache(state, *slot, *ratio, last(0), nv.fs(0)?, bind, nv.label)?),
+            Op::IndexerScores { ratio } => self.indexer_scores_node(nv, *ratio)?,
+            Op::Attention { window, ratio, comp } => self.attention_node(nv, *window, *ratio, comp, made)?,
+        })
+    }
+
+    /// A greedy step's end: each row of the graph's logits picked on the device into
+    /// `picks` (`cuda_argmax.rs`); nothing read back.
+    fn pick_greedy(&self, vals: &HashMap<usize, GVal>, bind: Bind, picks: GreedyPicks) -> Result<(), ExecError> {
+        let Some(Some(GVal::F(logits))) = self.graph.outputs.iter().find(|(name, _)| name == "logits").map(|(_, id)| vals.get(&id.index())) else {
+            return Err(ExecError::Internal("a greedy step needs the graph's logits".into()));
+        };
+        let rows = bind.tokens;
+        let n = logits.len / rows.max(1);
+        if rows == 0 || picks.picked.len < rows || picks.at + rows > picks.host.count() || n * rows != logits.len {
+            return Err(ExecError::Internal(format!("greedy picks for {rows} rows of {} logits", logits.len)));
+        }
+        let host = picks.host.ptr() + 4 * picks.at as u64;
+        let named = [("picked", Arg::Ptr(picks.picked.ptr())), ("picked_host", Arg::Ptr(host)), ("x", Arg::Ptr(logits.ptr())), ("n", u(n))];
+        self.call_threads(self.kernels.get(cuda_argmax::NAME)?, cuda_argmax::NAME, (rows as u32, 1, 1), cuda_argmax::THREADS, 0, &named)
+    }
+
+    /// The graph's named outputs, read back.
+    fn read_outputs(&self, vals: &HashMap<usize, GVal>) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        let mut outs = HashMap::new();
+        for (name, id) in &self.graph.outputs {
             match vals.get(&id.index()) {
                 Some(GVal::F(s)) => {
                     outs.insert(name.clone(), s.read::<f32>()?);
@@ -961,15 +648,15 @@ pub fn use_graphs(on: bool) {
     GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y, row groups of `ng`
-/// rows when `groups` > 1): a row group per warp (`ds4_codegen::quant::matvec_block_rows`
-/// rows per block), but for types with tables (staged in shared memory once per block)
-/// about 8 blocks per SM, each looping over its rows.
 /// Bytes of a row of `k` values of `ty`.
 fn row_bytes(ty: ds4_ir::GgmlType, k: usize) -> Result<usize, ExecError> {
     ty.bytes_for(k as u64).map(|b| b as usize).ok_or_else(|| ExecError::Internal(format!("{ty}: no row of {k} values")))
 }
 
+/// Blocks along the rows of a mat-vec (`n` rows, `m` blocks along y, row groups of `ng`
+/// rows when `groups` > 1): a row group per warp (`ds4_codegen::quant::matvec_block_rows`
+/// rows per block), but for types with tables (staged in shared memory once per block)
+/// about 8 blocks per SM, each looping over its rows.
 pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, groups: usize, ng: usize, sms: usize) -> usize {
     let Some(spec) = ds4_ir::quant::spec(ty) else { return n.max(1) };
     let rows_per_block = ds4_codegen::quant::matvec_block_rows(ty, n as u64, m as u64, groups as u64, ng as u64) as usize;
@@ -981,43 +668,9 @@ pub fn matvec_row_blocks(ty: ds4_ir::GgmlType, n: usize, m: usize, groups: usize
     }
 }
 
-/// Row lists for the expert-grouped matmul: the (token, pick) rows `p` of `sel` by expert,
-/// in order, `tokens` to a group (-1 pads a group's tail), and each group's expert.
-pub fn expert_groups(sel: &[i32], n_exp: usize, tokens: usize) -> (Vec<i32>, Vec<i32>) {
-    let mut by_expert: Vec<Vec<i32>> = vec![Vec::new(); n_exp];
-    for (p, &e) in sel.iter().enumerate() {
-        by_expert[e as usize].push(p as i32);
-    }
-    let (mut idx, mut gexp) = (Vec::new(), Vec::new());
-    for (e, rows) in by_expert.iter().enumerate() {
-        for chunk in rows.chunks(tokens) {
-            idx.extend_from_slice(chunk);
-            idx.extend(std::iter::repeat_n(-1, tokens - chunk.len()));
-            gexp.push(e as i32);
-        }
-    }
-    (idx, gexp)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn expert_groups_list_every_row_once_by_expert() {
-        let sel = [2, 0, 2, 2, 1, 2, 2, 2, 2, 2, 2, 0];
-        let (idx, gexp) = expert_groups(&sel, 4, TOKENS);
-        assert_eq!(gexp, vec![0, 1, 2, 2]);
-        assert_eq!(idx.len(), gexp.len() * TOKENS);
-        let mut seen: Vec<i32> = idx.iter().copied().filter(|&p| p >= 0).collect();
-        seen.sort();
-        assert_eq!(seen, (0..sel.len() as i32).collect::<Vec<_>>());
-        for (g, &e) in gexp.iter().enumerate() {
-            let rows = &idx[g * TOKENS..(g + 1) * TOKENS];
-            assert!(rows[0] >= 0, "a group's first row is always present");
-            assert!(rows.iter().filter(|&&p| p >= 0).all(|&p| sel[p as usize] == e));
-        }
-    }
 
     #[test]
     fn k_slices_cover_the_row_in_whole_units() {
@@ -1032,18 +685,5 @@ mod tests {
             assert!(ks * n >= k && ks * (n - 1) < k, "{tiles} {k} {unit}: {ks} × {n}");
             assert!(tiles * n <= 2 * 132 + tiles);
         }
-    }
-
-    /// A decode token's chunks: 132 SMs and 4 blocks (64 heads in groups of 16) ask for
-    /// 132, capped at 32; the rows seen cap them at one a tile; a prefill's many blocks
-    /// take one.
-    #[test]
-    fn attention_chunks_follow_the_sms_and_the_rows_seen() {
-        assert_eq!(attention_chunks(4, 132, 640, 16), 32, "a CSA layer: 512 picks and the window");
-        assert_eq!(attention_chunks(4, 132, 144, 16), 9, "an HCA layer at ctx 2048");
-        assert_eq!(attention_chunks(4, 132, 144, 0), 32, "no floor");
-        assert_eq!(attention_chunks(4, 132, 3, 16), 1);
-        assert_eq!(attention_chunks(4, 132, 0, 16), 1);
-        assert_eq!(attention_chunks(8192, 132, 144, 16), 1, "a prefill");
     }
 }
