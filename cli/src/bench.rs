@@ -6,7 +6,7 @@ use ds4_runtime::cuda::{AnySession, BackendKind, CudaOptions, Placement};
 use ds4_runtime::SessionOptions;
 use ds4_model::gguf::GgufFile;
 use ds4_model::synthetic::{build_writer, RealLayout, SynthConfig};
-use ds4_runtime::traffic::decode_weight_bytes;
+use ds4_runtime::traffic::decode_weight_bytes_stored;
 use ds4_runtime::Model;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -76,8 +76,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
     let cuda = a.backend.load(&model, &CudaOptions { placement, generate })?;
     eprintln!("ds4 bench: model ready in {:.1} s", t_load.elapsed().as_secs_f64());
-    // The roofline: weight bytes per decoded token over the measured copy bandwidth.
-    let step_bytes = decode_weight_bytes(&model.graph_last, &model.weights);
+    // The roofline: weight bytes per decoded token (as the backend stores them) over the
+    // measured copy bandwidth.
+    let step_bytes = decode_weight_bytes_stored(&model.graph_last, &model.weights, |n| cuda.as_ref().and_then(|b| b.weights.tensor(n).ok()).map(|t| t.bytes));
     let copy_gbs = match &cuda {
         Some(b) => b.dev.copy_bandwidth(1 << 30, 5)?,
         None => crate::bench_matvec::memory_bandwidth(256 << 20, 3).0,

@@ -7,9 +7,17 @@
 //! IQ2_XXS (Nsight Compute on the H200: 19.6 M for 50 M weights, the issue slots 64% busy):
 //! each element's grid byte becomes a float (a byte permute and a subtraction), its sign
 //! is moved into the float's sign bit, then one FMA. In integers, four elements are one
-//! word: the grid entry's bytes, negated where the sign pattern says (`(g ^ m) + (m & 1)`
-//! per byte, m = 0xff for a negative one: no carry crosses a byte, the magnitudes are
-//! 8..43), and one `dp4a` multiplies them with four int8 values of x.
+//! word and one `dp4a` multiplies them with four int8 values of x. The word is one byte
+//! permute (`prmt`): the grid, held in shared memory as eight selector nibbles an entry
+//! (which of the three magnitudes each weight has), picks bytes from {8, 25, 43} and their
+//! negations, each nibble's bit 2 the weight's sign, ORed in from the group's sign word by
+//! one shift. That needs the experts as IQ2_XXS_R (`ds4_ir::quant`'s `iq2_xxs_r.rs`, what
+//! the upload makes of IQ2_XXS): the eighth sign of each entry stored (IQ2_XXS: the parity
+//! of seven, a `popc` and more), the signs laid out for the shift, a group's words one
+//! aligned 8-byte load (IQ2_XXS: five 2-byte loads). H200, standalone, six picks of 2048 ×
+//! 4096 gate and up: 22.8 µs from the file's layout (the grid as 8-byte entries, signs
+//! spread to bytes by multiplies), 17.7 from IQ2_XXS_R, the same sums bit for bit (a plain
+//! read of the bytes: 11.9).
 //!
 //! x is not quantized to 8 bits: [`X_DIGITS`] writes each 32-value block of x as `2^E ·
 //! Σ_p d_p · 2^-7(p+1)`, p < [`DIGITS`] = 3, with E the block's exponent (its largest |x|
@@ -36,7 +44,7 @@
 //! expert mat-vec (6 picks × 2048 rows × 4096): 28.3 µs generated, 19.4 µs here.
 //!
 //! The runtime (`runtime/src/cuda/exec/digits.rs`, `digits_experts`) uses it for a decode
-//! token's IQ2_XXS experts with rows of whole blocks and a multiple of [`ROWS_PER_BLOCK`]
+//! token's IQ2_XXS (on the device IQ2_XXS_R) experts with rows of whole blocks and a multiple of [`ROWS_PER_BLOCK`]
 //! rows; `DS4_DIGITS=0` turns it off.
 
 use crate::quant::{BufElem, QParam};
@@ -49,7 +57,7 @@ use std::fmt::Write;
 pub const X_DIGITS: &str = "x_digits";
 /// A token's RMS norm and the digits of its output.
 pub const NORM_DIGITS: &str = "rms_norm_digits";
-/// The experts' gate and up mat-vec (IQ2_XXS).
+/// The experts' gate and up mat-vec (IQ2_XXS, read as IQ2_XXS_R).
 pub const MATVEC_IQ2_XXS: &str = "matvec_digits_iq2_xxs";
 /// The experts' down mat-vec (Q2_K), summed over the picks with their weights.
 pub const MATVEC_Q2_K: &str = "matvec_digits_q2_k";
@@ -174,7 +182,7 @@ pub fn down_expand_fits(nh: usize) -> bool {
 /// Whether a decode token's expert gate and up of type `ty`, n rows of k, can take
 /// [`MATVEC_IQ2_XXS`].
 pub fn gate_up_fits(ty: GgmlType, n: usize, k: usize) -> bool {
-    ty == GgmlType::Iq2Xxs && whole(ty, n, k)
+    ty == GgmlType::Iq2XxsR && whole(ty, n, k)
 }
 
 /// Whether a decode token's expert down of type `ty`, n rows of k, `picks` experts, can
@@ -368,43 +376,63 @@ const GATE_UP_MIN_BLOCKS: u32 = 6;
 /// Blocks an SM the down kernel asks for in its launch bounds (80 registers).
 const DOWN_MIN_BLOCKS: u32 = 3;
 
-/// A table of the IQ2_XXS declaration as 8-byte entries (entry i: bytes 8i..8i+8, the first
-/// in the low byte), a CUDA array named `name`.
-fn table_u64(name: &str, table: &str) -> String {
-    let spec = ds4_ir::quant::spec(GgmlType::Iq2Xxs).expect("IQ2_XXS is declared");
-    let t = spec.tables.iter().find(|t| t.name == table).unwrap_or_else(|| panic!("IQ2_XXS declares {table}"));
-    let TableData::U8(bytes) = t.data else { panic!("{table} is a byte table") };
-    let mut s = format!("__device__ const unsigned long long {name}[{}] = {{", bytes.len() / 8);
-    for (i, e) in bytes.chunks_exact(8).enumerate() {
-        let v = e.iter().rev().fold(0u64, |acc, &b| (acc << 8) | b as u64);
-        let _ = write!(s, "{}0x{v:016x}ull", if i == 0 { "" } else { ", " });
-    }
-    s.push_str("};\n");
-    s
+/// The IQ2_XXS grid's three magnitudes (8, 25, 43), from the IQ2_XXS_R declaration's
+/// GRID_BYTES, least first, and each grid entry as eight selector nibbles (nibble j: the
+/// index of magnitude j among them).
+pub fn grid_nibbles() -> ([u8; 3], Vec<u32>) {
+    let spec = ds4_ir::quant::spec(GgmlType::Iq2XxsR).expect("IQ2_XXS_R is declared");
+    let t = spec.tables.iter().find(|t| t.name == "GRID_BYTES").expect("IQ2_XXS_R declares GRID_BYTES");
+    let TableData::U8(bytes) = t.data else { panic!("GRID_BYTES is a byte table") };
+    let mut mags: Vec<u8> = bytes.to_vec();
+    mags.sort_unstable();
+    mags.dedup();
+    let mags: [u8; 3] = mags.try_into().expect("three grid magnitudes");
+    assert!(mags.iter().all(|&m| m < 128), "magnitudes fit an int8");
+    let entries = bytes
+        .chunks_exact(8)
+        .map(|e| e.iter().enumerate().fold(0u32, |acc, (j, b)| acc | (mags.iter().position(|m| m == b).unwrap() as u32) << (4 * j)))
+        .collect();
+    (mags, entries)
 }
 
-/// The mat-vec's CUDA source (its tables from the IQ2_XXS declaration).
+/// The word a byte permute (`prmt`) takes its bytes from: `mags` in bytes 0..3, byte 3
+/// zero; negated (two's complement) with `negate`.
+pub fn magnitude_word(mags: [u8; 3], negate: bool) -> u32 {
+    mags.iter().enumerate().fold(0u32, |acc, (i, &m)| acc | (if negate { m.wrapping_neg() } else { m } as u32) << (8 * i))
+}
+
+/// The mat-vec's CUDA source: IQ2_XXS_R rows (`ds4_ir::quant`'s `iq2_xxs_r.rs`), the grid
+/// as selector nibbles from its declaration.
 pub fn matvec_source() -> String {
-    let mut s = format!("// {MATVEC_IQ2_XXS}: IQ2_XXS experts' gate and up in dp4a against x's digits (codegen/src/cuda_digits.rs).\n\n");
-    s.push_str(&table_u64("DS4_GRID", "GRID_BYTES"));
+    let mut s = format!("// {MATVEC_IQ2_XXS}: IQ2_XXS_R experts' gate and up in dp4a against x's digits (codegen/src/cuda_digits.rs).\n\n");
+    let (mags, entries) = grid_nibbles();
+    let _ = write!(s, "__device__ const unsigned int DS4_GRID_NIBBLES[{}] = {{", entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let _ = write!(s, "{}0x{e:08x}u", if i == 0 { "" } else { ", " });
+    }
+    s.push_str("};\n");
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
     let _ = write!(
         s,
         r#"
-// Four weights of a grid entry's half `g` with the signs `m` (0x01 in a byte: negative) as
-// int8 values: a byte's two's complement negation is (b ^ 0xff) + 1.
-__device__ __forceinline__ int ds4_signed_bytes(const unsigned int g, const unsigned int m) {{
-    return (int)((g ^ (m * 255u)) + m);
+// Four weights as int8: nibble b of `sel` picks byte b's value, the magnitude its bits 0..1
+// name from {{{m0}, {m1}, {m2}}} (bytes 0..2 of `pos`), negated where bit 2 is set (bytes
+// 4..6: `neg`).
+__device__ __forceinline__ int ds4_pick_bytes(const unsigned int sel) {{
+    unsigned int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(0x{pos:08x}u), "r"(0x{neg:08x}u), "r"(sel));
+    return (int)d;
 }}
 
-// Bits 0..4 of `b` spread to the low bit of bytes 0..4 (the four shifted copies of b do not
-// overlap: no carries).
-__device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) {{
-    return (b * 0x00204081u) & 0x01010101u;
+// The signs of half-entry e of a group's sign word `sw` at bit 2 of four nibbles (IQ2_XXS_R
+// keeps weight b's at bit 16(e/4) + 4b + e%4); e a constant, so one shift.
+__device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, const int e) {{
+    const int sh = 16 * (e / 4) + e % 4 - 2;
+    return (sh >= 0 ? sw >> sh : sw << -sh) & 0x4444u;
 }}
 
-{entry}    __shared__ unsigned long long grid[256];
-    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) grid[i] = DS4_GRID[i];
+{entry}    __shared__ unsigned int grid[256];
+    for (unsigned int i = threadIdx.x; i < 256u; i += blockDim.x) grid[i] = DS4_GRID_NIBBLES[i];
     __syncthreads();
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned long long row0 = ((unsigned long long)blockIdx.x * (blockDim.x / 32u) + (threadIdx.x >> 5)) * 4ull;
@@ -423,28 +451,23 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
     for (unsigned int ib = lane; ib < (unsigned int)(k / 32ull); ib += 32u) {{
 {x_loads}        #pragma unroll
         for (unsigned int r = 0; r < 4u; r++) {{
-            // The group's words: its four grid indices, then four sign patterns and the scale.
-            const unsigned char* const blk = w + r * row_bytes + (ib / 8ull) * 66ull;
-            const unsigned short* const h = (const unsigned short*)(blk + 2ull + (ib % 8ull) * 8ull);
-            const unsigned int q = (unsigned int)h[0] | ((unsigned int)h[1] << 16);
-            const unsigned int aux = (unsigned int)h[2] | ((unsigned int)h[3] << 16);
-            const float db = ds4_f16_to_f32_dot(*(const unsigned short*)blk) * (0.5f + (float)(aux >> 28)) * 0.25f;
+            // The block's scales and d, then the group's grid indices and signs: two
+            // aligned 8-byte loads.
+            const unsigned char* const blk = w + r * row_bytes + (ib / 8u) * {block}u;
+            const uint2 hd = *(const uint2*)blk;
+            const uint2 qs = *(const uint2*)(blk + 8u + 8u * (ib % 8u));
+            const float db = ds4_f16_to_f32_dot(hd.y & 0xffffu) * (0.5f + (float)((hd.x >> (4u * (ib % 8u))) & 15u)) * 0.25f;
             {acc_decl};
             #pragma unroll
-            for (unsigned int c = 0; c < 4u; c++) {{
-                const unsigned long long g = grid[(q >> (8u * c)) & 255u];
-                // The 7-bit sign pattern and its parity as the 8th sign (an even number of
-                // negatives: the declaration's SIGN_BYTES, computed instead of looked up,
-                // since the loads, not the arithmetic, bound the kernel).
-                const unsigned int s7 = (aux >> (7u * c)) & 127u;
-                const unsigned int s8 = s7 | ((__popc(s7) & 1u) << 7);
-                const int w0 = ds4_signed_bytes((unsigned int)g, ds4_bits_to_bytes(s8 & 15u));
-                const int w1 = ds4_signed_bytes((unsigned int)(g >> 32), ds4_bits_to_bytes(s8 >> 4));
+            for (int c = 0; c < 4; c++) {{
+                const unsigned int g = grid[(qs.x >> (8 * c)) & 255u];
+                const int w0 = ds4_pick_bytes(ds4_sign_nibbles(qs.y, 2 * c) | g);
+                const int w1 = ds4_pick_bytes(ds4_sign_nibbles(qs.y, 2 * c + 1) | (g >> 16));
                 #pragma unroll
                 for (unsigned int d = 0; d < {DIGITS}u; d++) {{
                     const unsigned int* const x4 = (const unsigned int*)&xv[d][0];
-                    acc[d] = __dp4a(w0, (int)x4[2u * c], acc[d]);
-                    acc[d] = __dp4a(w1, (int)x4[2u * c + 1u], acc[d]);
+                    acc[d] = __dp4a(w0, (int)x4[2 * c], acc[d]);
+                    acc[d] = __dp4a(w1, (int)x4[2 * c + 1], acc[d]);
                 }}
             }}
             const float sx = {acc_sum};
@@ -454,6 +477,12 @@ __device__ __forceinline__ unsigned int ds4_bits_to_bytes(const unsigned int b) 
     float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;
 {sums}}}
 "#,
+        m0 = mags[0],
+        m1 = mags[1],
+        m2 = mags[2],
+        pos = magnitude_word(mags, false),
+        neg = magnitude_word(mags, true),
+        block = GgmlType::Iq2XxsR.block_bytes(),
         entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &format!("{THREADS}, {GATE_UP_MIN_BLOCKS}"), &matvec_params()),
         x_loads = x_group_loads("ib * 4ull", "ib"),
         acc_decl = digit_sums("acc"),
@@ -639,23 +668,45 @@ pub fn down_source() -> String {
 mod tests {
     use super::*;
 
-    /// The kernel's sign arithmetic (the pattern, its parity as the 8th sign, each bit
-    /// spread to a byte) gives the declaration's SIGN_BYTES for every pattern.
+    /// The kernel's byte permute gives IQ2_XXS_R's values: for every grid entry and every
+    /// sign word bit, the selector nibbles (`grid_nibbles`) with the signs shifted in as
+    /// `ds4_sign_nibbles` shifts them pick the declaration's magnitude, negated where
+    /// its dequantization negates it.
     #[test]
-    fn sign_parity_is_the_declared_sign_table() {
-        let spec = ds4_ir::quant::spec(GgmlType::Iq2Xxs).unwrap();
-        let t = spec.tables.iter().find(|t| t.name == "SIGN_BYTES").unwrap();
-        let TableData::U8(bytes) = t.data else { panic!("a byte table") };
-        let spread = |b: u32| b.wrapping_mul(0x0020_4081) & 0x0101_0101;
-        for s7 in 0..128u32 {
-            let s8 = s7 | ((s7.count_ones() & 1) << 7);
-            let want = &bytes[8 * s7 as usize..][..8];
-            let lo = spread(s8 & 15).to_le_bytes();
-            let hi = spread(s8 >> 4).to_le_bytes();
-            for j in 0..4 {
-                assert_eq!(want[j] == 0x80, lo[j] == 1, "pattern {s7}, sign {j}");
-                assert_eq!(want[4 + j] == 0x80, hi[j] == 1, "pattern {s7}, sign {}", 4 + j);
-                assert!(matches!(want[j], 0 | 0x80) && matches!(want[4 + j], 0 | 0x80));
+    fn grid_nibbles_and_signs_pick_the_declared_values() {
+        let (mags, entries) = grid_nibbles();
+        assert_eq!(mags, [8, 25, 43]);
+        let (pos, neg) = (magnitude_word(mags, false).to_le_bytes(), magnitude_word(mags, true).to_le_bytes());
+        // prmt: bytes 0..3 from pos, 4..7 from neg; selector bit 3 (sign replication) unused.
+        let prmt = |sel: u32| -> [i8; 4] {
+            std::array::from_fn(|b| {
+                let n = (sel >> (4 * b)) & 0xF;
+                assert!(n & 8 == 0, "no sign replication");
+                (if n < 4 { pos[n as usize] } else { neg[n as usize - 4] }) as i8
+            })
+        };
+        let sign_nibbles = |sw: u32, e: i32| {
+            let sh = 16 * (e / 4) + e % 4 - 2;
+            (if sh >= 0 { sw >> sh } else { sw << -sh }) & 0x4444
+        };
+        let spec = ds4_ir::quant::spec(GgmlType::Iq2XxsR).unwrap();
+        let TableData::U8(grid) = spec.tables.iter().find(|t| t.name == "GRID_BYTES").unwrap().data else { panic!() };
+        for (g, &e) in entries.iter().enumerate() {
+            for c in 0..4 {
+                for bit in 0..32 {
+                    let sw = 1u32 << bit;
+                    for h in 0..2 {
+                        let half = if h == 0 { e } else { e >> 16 };
+                        let got = prmt(sign_nibbles(sw, 2 * c + h) | half);
+                        for (b, &v) in got.iter().enumerate() {
+                            let j = 4 * h as usize + b;
+                            let ee = 2 * c as u32 + h as u32;
+                            let negative = (sw >> (16 * (ee / 4) + 4 * b as u32 + ee % 4)) & 1 == 1;
+                            let want = grid[8 * g + j] as i8;
+                            assert_eq!(v, if negative { -want } else { want }, "entry {g}, c {c}, bit {bit}, weight {j}");
+                        }
+                    }
+                }
             }
         }
     }
@@ -711,9 +762,11 @@ mod tests {
     #[test]
     fn tables_are_the_declarations_bytes() {
         let s = matvec_source();
-        // Entry 0 of the grid is eight 8s (the signs are computed: the test above).
-        assert!(s.contains("DS4_GRID[256] = {0x0808080808080808ull"), "{}", &s[..200]);
-        assert!(!s.contains("DS4_SIGNS"));
+        // Entry 0 of the grid is eight 8s (magnitude 0), entry 1 a 43 then seven 8s (the
+        // signs are computed: the test above); the permute's words are 8, 25, 43 and their
+        // negations.
+        assert!(s.contains("DS4_GRID_NIBBLES[256] = {0x00000000u, 0x00000002u"), "{}", &s[..200]);
+        assert!(s.contains("0x002b1908u") && s.contains("0x00d5e7f8u"));
     }
 
     /// The digit sums combine least significant first, each digit 2^-7 of the one before
@@ -755,9 +808,10 @@ mod tests {
 
     #[test]
     fn fits_whole_blocks_of_their_types() {
-        assert!(gate_up_fits(GgmlType::Iq2Xxs, 2048, 4096) && down_fits(GgmlType::Q2K, 4096, 2048, 6));
+        assert!(gate_up_fits(GgmlType::Iq2XxsR, 2048, 4096) && down_fits(GgmlType::Q2K, 4096, 2048, 6));
+        assert!(!gate_up_fits(GgmlType::Iq2Xxs, 2048, 4096), "the file's layout: the upload regroups it");
         assert!(!down_fits(GgmlType::Q2K, 4096, 2048, MAX_PICKS + 1) && !down_fits(GgmlType::Q2K, 4096, 2048, 0));
-        assert!(!gate_up_fits(GgmlType::Iq2Xxs, 2040, 4096) && !gate_up_fits(GgmlType::Iq2Xxs, 2048, 4000));
+        assert!(!gate_up_fits(GgmlType::Iq2XxsR, 2040, 4096) && !gate_up_fits(GgmlType::Iq2XxsR, 2048, 4000));
         assert!(!gate_up_fits(GgmlType::Q2K, 2048, 4096) && !down_fits(GgmlType::Iq2Xxs, 4096, 2048, 6));
         assert_eq!(x_digits_blocks(4096), 16);
         assert_eq!(digit_bytes(4096), DIGITS * 4096);

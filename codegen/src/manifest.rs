@@ -132,10 +132,10 @@ impl KernelSet {
                     for &kind in kinds {
                         set.quant.entry((kind, t)).or_default().insert(node.op.name());
                     }
-                    // A decode token's IQ2_XXS gate and up, Q2_K down, in integers
+                    // A decode token's IQ2_XXS gate and up (as IQ2_XXS_R), Q2_K down, in integers
                     // (cuda_digits.rs).
                     let digits = match (i, t) {
-                        (3, ds4_ir::GgmlType::Iq2Xxs) => Some(cuda_digits::MATVEC_IQ2_XXS),
+                        (3, ds4_ir::GgmlType::Iq2XxsR) => Some(cuda_digits::MATVEC_IQ2_XXS),
                         (5, ds4_ir::GgmlType::Q2K) => Some(cuda_digits::MATVEC_Q2_K),
                         _ => None,
                     };

@@ -237,12 +237,16 @@ pub fn kernel_name(kind: QuantKernelKind, t: GgmlType) -> String {
 /// The type a weight of type `ty`, in rows of `row_len` elements, has on `target`'s
 /// devices. CUDA devices hold Q8_0 as Q8_0_R (the same bytes regrouped,
 /// `ds4_ir::quant::regroup_q8_0`), whose mat-vec reads rows in place (`cuda_matvec.rs`,
-/// the direct path), where its rows are a multiple of 16 bytes (256 values); every other
-/// weight keeps its file's type. The kernels a graph needs (`KernelSet::for_graph`) and
+/// the direct path), where its rows are a multiple of 16 bytes (256 values), and IQ2_XXS
+/// as IQ2_XXS_R (72 bytes a block where the file has 66, `regroup_iq2_xxs`), which the
+/// experts' integer gate and up read (`cuda_digits.rs`); every other weight keeps its
+/// file's type. The kernels a graph needs (`KernelSet::for_graph`) and
 /// the upload agree through this function.
 pub fn device_type(target: Target, ty: GgmlType, row_len: u64) -> GgmlType {
     if target.is_cuda() && ty == GgmlType::Q8_0 && GgmlType::Q8_0R.bytes_for(row_len).is_some_and(|b| b % 16 == 0) {
         GgmlType::Q8_0R
+    } else if target.is_cuda() && ty == GgmlType::Iq2Xxs && GgmlType::Iq2XxsR.bytes_for(row_len).is_some() {
+        GgmlType::Iq2XxsR
     } else {
         ty
     }

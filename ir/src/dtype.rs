@@ -45,6 +45,10 @@ pub enum GgmlType {
     /// Not a GGUF type: Q8_0 rows regrouped for devices that read weights straight from
     /// global memory (`quant/q8_0_r.rs`). Never read from a file.
     Q8_0R,
+    /// Not a GGUF type: IQ2_XXS regrouped for the CUDA experts' integer mat-vec
+    /// (`quant/iq2_xxs_r.rs`): 8-byte aligned words, each sign's parity stored. Never read
+    /// from a file.
+    Iq2XxsR,
 }
 
 /// (type, ggml id, name, elements per block, bytes per block)
@@ -83,6 +87,7 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::Mxfp4, 39, "MXFP4", 32, 17),
     // Device layouts: ids past GGML's, which a file's tensor may not name (`from_id`).
     (GgmlType::Q8_0R, DEVICE_IDS, "Q8_0_R", 64, 68),
+    (GgmlType::Iq2XxsR, DEVICE_IDS + 1, "IQ2_XXS_R", 256, 72),
 ];
 
 /// The first id of the device-only layouts (none of them is a GGML type).

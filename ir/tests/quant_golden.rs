@@ -459,3 +459,52 @@ fn bench_dot_row() {
         );
     }
 }
+
+/// IQ2_XXS_R (a device layout, no golden file of its own) holds the same numbers as the
+/// IQ2_XXS blocks it regroups: the golden IQ2_XXS rows, regrouped, de-quantize to the
+/// golden values bit for bit (every eighth sign from the stored parity), and their dot
+/// products agree with IQ2_XXS's.
+#[test]
+fn regrouped_iq2_xxs_dequantizes_as_the_golden_iq2_xxs() {
+    let g = Golden::load(GgmlType::Iq2Xxs).unwrap_or_else(|| panic!("no golden IQ2_XXS file in {}", golden_dir().display()));
+    let (rshape, raw) = g.u8("raw");
+    let (dshape, want) = g.f32("dequant");
+    let (rows, cols, row_bytes) = (dshape[0], dshape[1], rshape[1]);
+    let x = g.f32("x").1;
+    let r_bytes = GgmlType::Iq2XxsR.bytes_for(cols as u64).unwrap() as usize;
+    let mut regrouped = vec![0u8; r_bytes];
+    let mut got = vec![0f32; cols];
+    let mut negatives = 0;
+    for r in 0..rows {
+        let src = &raw[r * row_bytes..(r + 1) * row_bytes];
+        quant::regroup_iq2_xxs(src, &mut regrouped).unwrap();
+        quant::dequantize_row(GgmlType::Iq2XxsR, &regrouped, &mut got).unwrap();
+        for c in 0..cols {
+            assert_eq!(got[c].to_bits(), want[r * cols + c].to_bits(), "row {r} col {c}");
+        }
+        negatives += got.iter().filter(|v| v.is_sign_negative() && **v != 0.0).count();
+        let (a, b) = (quant::dot_row(GgmlType::Iq2XxsR, &regrouped, &x).unwrap(), quant::dot_row(GgmlType::Iq2Xxs, src, &x).unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "row {r}: dot {a} vs IQ2_XXS's {b}");
+    }
+    assert!(negatives > rows * cols / 4, "the golden rows exercise the signs ({negatives} negatives)");
+    // Whole IQ2_XXS blocks only, and a destination of 72 bytes a block.
+    assert!(quant::regroup_iq2_xxs(&raw[..65], &mut regrouped[..72]).is_err());
+    assert!(quant::regroup_iq2_xxs(&raw[..66], &mut regrouped[..66]).is_err());
+    assert!(quant::regroup_iq2_xxs(&raw[..66], &mut regrouped[..72]).is_ok());
+}
+
+/// IQ2_XXS_R's quantizer is IQ2_XXS's, regrouped: the same values back.
+#[test]
+fn iq2_xxs_r_quantizes_as_iq2_xxs() {
+    let g = Golden::load(GgmlType::Iq2Xxs).unwrap();
+    let (dshape, vals) = g.f32("dequant");
+    let cols = dshape[1];
+    let row = &vals[..cols];
+    let mut a = vec![0u8; GgmlType::Iq2Xxs.bytes_for(cols as u64).unwrap() as usize];
+    let mut b = vec![0u8; GgmlType::Iq2XxsR.bytes_for(cols as u64).unwrap() as usize];
+    quant::quantize_row(GgmlType::Iq2Xxs, row, &mut a).unwrap();
+    quant::quantize_row(GgmlType::Iq2XxsR, row, &mut b).unwrap();
+    let mut regrouped = vec![0u8; b.len()];
+    quant::regroup_iq2_xxs(&a, &mut regrouped).unwrap();
+    assert!(regrouped == b, "quantize_row(IQ2_XXS_R) is IQ2_XXS's regrouped");
+}

@@ -8,8 +8,16 @@ use crate::weights::Weights;
 use ds4_ir::{Graph, Op};
 use std::collections::HashMap;
 
-/// Bytes of weights read to decode one token with `graph` (use the last-token graph).
+/// Bytes of weights read to decode one token with `graph` (use the last-token graph), each
+/// weight at its file's size.
 pub fn decode_weight_bytes(graph: &Graph, weights: &Weights) -> u64 {
+    decode_weight_bytes_stored(graph, weights, |_| None)
+}
+
+/// [`decode_weight_bytes`] with each weight at the size a backend stores it in where
+/// `stored` knows it (a device layout: the CUDA backend holds IQ2_XXS as IQ2_XXS_R, 72
+/// bytes a block where the file has 66), else its file's.
+pub fn decode_weight_bytes_stored(graph: &Graph, weights: &Weights, stored: impl Fn(&str) -> Option<usize>) -> u64 {
     // Per weight name, the fraction of it read (the largest any use needs).
     let mut frac: HashMap<String, f64> = HashMap::new();
     let name_of = |id| match &graph.node(id).op {
@@ -42,5 +50,5 @@ pub fn decode_weight_bytes(graph: &Graph, weights: &Weights) -> u64 {
             }
         }
     }
-    frac.iter().map(|(n, f)| weights.get(n).map_or(0.0, |w| w.bytes.len() as f64 * f)).sum::<f64>() as u64
+    frac.iter().map(|(n, f)| weights.get(n).map_or(0.0, |w| stored(n).unwrap_or(w.bytes.len()) as f64 * f)).sum::<f64>() as u64
 }

@@ -293,12 +293,20 @@ fn digits_experts_match_the_f64_product() {
             b[..2].copy_from_slice(&d);
         }
         let (wg, wu) = bytes.split_at(experts * n * rb);
+        // On the device as IQ2_XXS_R, as the upload regroups them (checked against the
+        // IQ2_XXS rows below: the same numbers).
+        let rrb = ds4_ir::GgmlType::Iq2XxsR.bytes_for(k as u64).unwrap() as usize;
+        let regrouped = |w: &[u8]| {
+            let mut out = vec![0u8; w.len() / rb * rrb];
+            ds4_ir::quant::regroup_iq2_xxs(w, &mut out).unwrap();
+            out
+        };
         let x = mixed_blocks(&mut r, k);
         let sel: Vec<i32> = (0..picks).map(|p| if p == 1 { -1 } else { r.range(0, experts) as i32 }).collect();
         let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
-        let (wgb, wub, xb, sb) = (dev.upload(wg).unwrap(), dev.upload(wu).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
+        let (wgb, wub, xb, sb) = (dev.upload(&regrouped(wg)).unwrap(), dev.upload(&regrouped(wu)).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
         let (xd, xs, xsum) = x_digits_on(&dev, xk, xb.ptr, xb.ptr, k, None);
-        let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rb), u(picks)];
+        let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rrb), u(picks)];
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         // The digits give x back.
         let digits: Vec<u8> = xd.read(cuda_digits::digit_bytes(k)).unwrap();

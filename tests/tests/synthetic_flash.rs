@@ -44,6 +44,24 @@ fn full_size_layout_loads_with_real_types() {
     assert!((9.4e9..9.8e9).contains(&bytes), "{bytes}");
 }
 
+/// On CUDA the q2 layout's experts take the integer decode kernels: the gate and up as
+/// IQ2_XXS_R (the kernel set asks by the device type; a build that asked by the file's
+/// type fell back to the float mat-vec, 40% slower, with every parity test passing), the
+/// down as Q2_K, with the routing that makes their digits.
+#[test]
+fn q2_experts_take_the_integer_kernels_on_cuda() {
+    use ds4_codegen::{cuda_digits, cuda_router, manifest::KernelSet, quant::QuantKernelKind, Target};
+    let (m, _) = load(2, RealLayout::Q2);
+    for target in [Target::CudaSm90, Target::CudaSm120] {
+        let set = KernelSet::for_graph(&m.graph_last, target);
+        for k in [cuda_digits::MATVEC_IQ2_XXS, cuda_digits::MATVEC_Q2_K, cuda_digits::X_DIGITS, cuda_router::WITH_DIGITS] {
+            assert!(set.cuda.contains_key(k), "{target}: {k} not in the kernel set");
+        }
+        assert!(set.quant.keys().any(|&(kind, t)| kind == QuantKernelKind::MatMulMma && t == GgmlType::Iq2XxsR), "{target}: the prefill's IQ2_XXS_R matmul");
+        assert!(!set.quant.keys().any(|&(_, t)| t == GgmlType::Iq2Xxs), "{target}: no kernel of the file's IQ2_XXS (the upload regroups it)");
+    }
+}
+
 #[test]
 fn q4_layout_and_short_stacks() {
     let (m, _) = load(3, RealLayout::Q4);

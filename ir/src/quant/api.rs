@@ -178,3 +178,18 @@ pub fn regroup_q8_0(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
     super::q8_0_r::regroup(src, dst);
     Ok(())
 }
+
+/// IQ2_XXS bytes regrouped into the IQ2_XXS_R device layout (`quant/iq2_xxs_r.rs`): `src`
+/// whole IQ2_XXS blocks (66 bytes), `dst` 72 bytes for each.
+pub fn regroup_iq2_xxs(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
+    let (from, to) = (GgmlType::Iq2Xxs.block_bytes(), GgmlType::Iq2XxsR.block_bytes());
+    if !src.len().is_multiple_of(from) {
+        return Err(QuantError::PartialBlockBytes { ty: GgmlType::Iq2Xxs, bytes: src.len(), block_bytes: from });
+    }
+    let blocks = src.len() / from;
+    if dst.len() != blocks * to {
+        return Err(QuantError::BytesMismatch { ty: GgmlType::Iq2XxsR, got: dst.len(), want: blocks * to, blocks });
+    }
+    super::iq2_xxs_r::regroup(src, dst);
+    Ok(())
+}

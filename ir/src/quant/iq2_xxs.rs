@@ -109,7 +109,7 @@ const GRID: [u64; 256] = [
 
 /// GRID as 8 bytes per entry (entry g's magnitude k at 8 * g + k): one entry's 8
 /// magnitudes are one contiguous read.
-const GRID_BYTES: [u8; 2048] = {
+pub(super) const GRID_BYTES: [u8; 2048] = {
     let mut b = [0u8; 2048];
     let mut i = 0;
     while i < 2048 {
@@ -229,7 +229,7 @@ fn fit_group(grid: &[[f32; 8]; 256], x: &[f32]) -> Group {
 /// Per group: signs, a real scale, then the block's f16 `d` from the largest scale, each
 /// group's 4-bit scale code, and the grid entries re-chosen for the scale the decoder will
 /// use.
-fn quantize_block(x: &[f32; 256]) -> Block {
+pub(super) fn quantize_block(x: &[f32; 256]) -> Block {
     let grid = grid_values();
     let groups: Vec<Group> = (0..8).map(|ib| fit_group(&grid, &x[32 * ib..32 * ib + 32])).collect();
     let max_scale = groups.iter().fold(0f32, |m, g| m.max(g.scale));

@@ -77,7 +77,8 @@ impl DeviceWeights {
     /// `generate`: tensors made in device memory from random data instead of copied from
     /// the file (`ds4 bench --synthetic`, whose file leaves them as zeros).
     /// Each tensor in its device type on `target` (`ds4_codegen::quant::device_type`:
-    /// Q8_0 rows regrouped as Q8_0_R, the same size).
+    /// Q8_0 rows regrouped as Q8_0_R, the same size; IQ2_XXS as IQ2_XXS_R, 72 bytes a
+    /// block where the file has 66).
     pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>, target: Target) -> Result<DeviceWeights, CudaError> {
         let mut names = BTreeSet::new();
         let mut vec_names = BTreeSet::new();
@@ -117,31 +118,34 @@ impl DeviceWeights {
                     }
                 }
                 allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
+                let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
                 for group in &allocations {
                     let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
-                    let buf = aligned_alloc(dev, views.iter().map(|w| w.bytes.len()).sum())?;
+                    let buf = aligned_alloc(dev, views.iter().map(sized).sum())?;
                     let mut at = buf.1;
                     for (n, w) in group.iter().zip(&views) {
                         let ty = fill(&buf.0, at, w, generate.contains(n), target, &mut tiles)?;
-                        tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + at as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
-                        at += w.bytes.len();
+                        let bytes = device_bytes(w, ty);
+                        tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + at as u64, ty, ne: w.ne.to_vec(), bytes });
+                        at += bytes;
                     }
                     total += buf.0.bytes;
                     blocks.push(buf.0);
                 }
             }
             Placement::Packed => {
+                let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
                 let mut offsets = Vec::new();
                 let mut at = 0;
                 for n in &names {
                     offsets.push(at);
-                    at = round_up(at + view(weights, n)?.bytes.len(), PACKED_ALIGN);
+                    at = round_up(at + sized(&view(weights, n)?), PACKED_ALIGN);
                 }
                 let arena = dev.alloc_owned(at)?;
                 for (n, &off) in names.iter().zip(&offsets) {
                     let w = view(weights, n)?;
                     let ty = fill(&arena, off, &w, generate.contains(n), target, &mut tiles)?;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes: w.bytes.len() });
+                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes: device_bytes(&w, ty) });
                 }
                 total += arena.bytes;
                 blocks.push(arena);
@@ -164,16 +168,43 @@ impl DeviceWeights {
     }
 }
 
-/// Bytes of Q8_0 regrouped at a time on the host: 17 MiB, whole Q8_0_R blocks (68 bytes).
-const REGROUP_CHUNK: usize = 68 << 18;
+/// Blocks regrouped at a time on the host (`regroup`): 2^18, 17-18 MiB of either layout.
+const REGROUP_BLOCKS: usize = 1 << 18;
+
+/// Weight `w`'s bytes on the device as type `ty` (its device type): its file's bytes, or
+/// as many rows of the device layout.
+fn device_bytes(w: &crate::weights::WeightView, ty: GgmlType) -> usize {
+    if ty == w.ty {
+        return w.bytes.len();
+    }
+    let row_len = w.ne.first().copied().unwrap_or(1);
+    let rows: u64 = w.ne.iter().skip(1).product();
+    (rows * ty.bytes_for(row_len).unwrap_or(0)) as usize
+}
+
+/// `src` (whole blocks of a file's type) into `dst` as device layout `ty`, split over the
+/// host's cores: IQ2_XXS's 47 GB of experts in DeepSeek-V4-Flash are regrouped at upload.
+fn regroup(ty: GgmlType, src: &[u8], dst: &mut [u8]) -> Result<(), ds4_ir::quant::QuantError> {
+    let one: fn(&[u8], &mut [u8]) -> Result<(), ds4_ir::quant::QuantError> = match ty {
+        GgmlType::Q8_0R => ds4_ir::quant::regroup_q8_0,
+        _ => ds4_ir::quant::regroup_iq2_xxs,
+    };
+    let (from, to) = (src.len() / (dst.len() / ty.block_bytes()).max(1), ty.block_bytes());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let per = (dst.len() / to).div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        let jobs: Vec<_> = src.chunks(per * from).zip(dst.chunks_mut(per * to)).map(|(s, d)| sc.spawn(move || one(s, d))).collect();
+        jobs.into_iter().try_for_each(|j| j.join().expect("a regroup thread does not panic"))
+    })
+}
 
 /// Puts tensor `w` at byte `at` of `buf` in its device type on `target`, which it
-/// returns: its bytes from the file (Q8_0 regrouped, a chunk at a time), or (`random`) a
-/// tile of random blocks of the device type, quantized here once per type (`tiles`) and
-/// repeated over the tensor by device copies, so that a full-size synthetic model costs
-/// no host memory and no upload. The tile (256 KiB) is small next to any tensor it fills
-/// and next to the L2 cache, so repetition does not flatter the bandwidth; it is small
-/// because some quantizers (IQ2_XXS: seconds per MiB) are slow.
+/// returns: its bytes from the file (Q8_0 and IQ2_XXS regrouped, a chunk at a time), or
+/// (`random`) a tile of random blocks of the device type, quantized here once per type
+/// (`tiles`) and repeated over the tensor by device copies, so that a full-size synthetic
+/// model costs no host memory and no upload. The tile (256 KiB) is small next to any
+/// tensor it fills and next to the L2 cache, so repetition does not flatter the
+/// bandwidth; it is small because some quantizers (IQ2_XXS: seconds per MiB) are slow.
 fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool, target: Target, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<GgmlType, CudaError> {
     let ty = ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1));
     if !random {
@@ -181,16 +212,18 @@ fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool
             buf.write(at, w.bytes)?;
             return Ok(ty);
         }
-        debug_assert_eq!(ty, GgmlType::Q8_0R);
-        let mut host = vec![0u8; REGROUP_CHUNK.min(w.bytes.len())];
-        for (i, src) in w.bytes.chunks(REGROUP_CHUNK).enumerate() {
-            let dst = &mut host[..src.len()];
-            ds4_ir::quant::regroup_q8_0(src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
-            buf.write(at + i * REGROUP_CHUNK, dst)?;
+        debug_assert!(matches!(ty, GgmlType::Q8_0R | GgmlType::Iq2XxsR), "{ty}");
+        // Whole blocks of both layouts a chunk (Q8_0_R's unit is two Q8_0 blocks).
+        let (src_unit, dst_unit) = if ty == GgmlType::Q8_0R { (ty.block_bytes(), ty.block_bytes()) } else { (w.ty.block_bytes(), ty.block_bytes()) };
+        let mut host = vec![0u8; (REGROUP_BLOCKS * dst_unit).min(device_bytes(w, ty))];
+        for (i, src) in w.bytes.chunks(REGROUP_BLOCKS * src_unit).enumerate() {
+            let dst = &mut host[..src.len() / src_unit * dst_unit];
+            regroup(ty, src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
+            buf.write(at + i * REGROUP_BLOCKS * dst_unit, dst)?;
         }
         return Ok(ty);
     }
-    let n = w.bytes.len();
+    let n = device_bytes(w, ty);
     if let std::collections::hash_map::Entry::Vacant(e) = tiles.entry(ty) {
         e.insert(random_tile(ty).map_err(|e| CudaError(format!("{}: cannot make random {ty} data: {e}", w.name)))?);
     }
