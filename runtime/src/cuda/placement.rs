@@ -182,14 +182,28 @@ fn device_bytes(w: &crate::weights::WeightView, ty: GgmlType) -> usize {
     (rows * ty.bytes_for(row_len).unwrap_or(0)) as usize
 }
 
-/// `src` (whole blocks of a file's type) into `dst` as device layout `ty`, split over the
-/// host's cores: IQ2_XXS's 47 GB of experts in DeepSeek-V4-Flash are regrouped at upload.
-fn regroup(ty: GgmlType, src: &[u8], dst: &mut [u8]) -> Result<(), ds4_ir::quant::QuantError> {
-    let one: fn(&[u8], &mut [u8]) -> Result<(), ds4_ir::quant::QuantError> = match ty {
-        GgmlType::Q8_0R => ds4_ir::quant::regroup_q8_0,
-        _ => ds4_ir::quant::regroup_iq2_xxs,
-    };
-    let (from, to) = (src.len() / (dst.len() / ty.block_bytes()).max(1), ty.block_bytes());
+/// How a file's bytes become device layout `ty`: the regroup, and the file's bytes for one
+/// block of `ty` (Q8_0_R: two Q8_0 blocks, the same 68 bytes; IQ2_XXS_R: one IQ2_XXS
+/// block, 66 bytes, where it has 72). None for a type that is no device layout.
+type Regroup = fn(&[u8], &mut [u8]) -> Result<(), ds4_ir::quant::QuantError>;
+fn regroup_of(ty: GgmlType) -> Option<(Regroup, usize)> {
+    match ty {
+        GgmlType::Q8_0R => Some((ds4_ir::quant::regroup_q8_0, 2 * GgmlType::Q8_0.block_bytes())),
+        GgmlType::Iq2XxsR => Some((ds4_ir::quant::regroup_iq2_xxs, GgmlType::Iq2Xxs.block_bytes())),
+        _ => None,
+    }
+}
+
+/// `src` (whole blocks of a file's type, `from` bytes to each block of `ty`) into `dst` by
+/// `one`, split over the host's cores: IQ2_XXS's 47 GB of experts in DeepSeek-V4-Flash are
+/// regrouped at upload.
+fn regroup(one: Regroup, from: usize, ty: GgmlType, src: &[u8], dst: &mut [u8]) -> Result<(), ds4_ir::quant::QuantError> {
+    let to = ty.block_bytes();
+    // A partial block or a destination of another length: the one-call regroup says which
+    // (split, the threads' zip would drop a partial tail).
+    if !src.len().is_multiple_of(from) || dst.len() != src.len() / from * to {
+        return one(src, dst);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
     let per = (dst.len() / to).div_ceil(threads).max(1);
     std::thread::scope(|sc| {
@@ -212,13 +226,13 @@ fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool
             buf.write(at, w.bytes)?;
             return Ok(ty);
         }
-        debug_assert!(matches!(ty, GgmlType::Q8_0R | GgmlType::Iq2XxsR), "{ty}");
-        // Whole blocks of both layouts a chunk (Q8_0_R's unit is two Q8_0 blocks).
-        let (src_unit, dst_unit) = if ty == GgmlType::Q8_0R { (ty.block_bytes(), ty.block_bytes()) } else { (w.ty.block_bytes(), ty.block_bytes()) };
+        let (one, src_unit) = regroup_of(ty).ok_or_else(|| CudaError(format!("{}: no regroup from {} to {ty}", w.name, w.ty)))?;
+        // Whole blocks of both layouts a chunk.
+        let dst_unit = ty.block_bytes();
         let mut host = vec![0u8; (REGROUP_BLOCKS * dst_unit).min(device_bytes(w, ty))];
         for (i, src) in w.bytes.chunks(REGROUP_BLOCKS * src_unit).enumerate() {
             let dst = &mut host[..src.len() / src_unit * dst_unit];
-            regroup(ty, src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
+            regroup(one, src_unit, ty, src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
             buf.write(at + i * REGROUP_BLOCKS * dst_unit, dst)?;
         }
         return Ok(ty);
@@ -271,4 +285,30 @@ fn aligned_alloc(dev: &Arc<Device>, bytes: usize) -> Result<(DeviceBuf, usize), 
     let buf = dev.alloc_owned(size + TENSOR_ALIGN)?;
     let off = round_up(buf.ptr as usize, TENSOR_ALIGN) - buf.ptr as usize;
     Ok((buf, off))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The upload's regroup, split over threads, is the one-call regroup of the whole
+    /// input, for both device layouts and a block count no thread count divides.
+    #[test]
+    fn threaded_regroup_is_the_whole_regroup() {
+        for ty in [GgmlType::Q8_0R, GgmlType::Iq2XxsR] {
+            let (one, from) = regroup_of(ty).unwrap();
+            let blocks = 1009;
+            let src: Vec<u8> = (0..blocks * from).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+            let mut whole = vec![0u8; blocks * ty.block_bytes()];
+            one(&src, &mut whole).unwrap();
+            let mut split = vec![0u8; whole.len()];
+            regroup(one, from, ty, &src, &mut split).unwrap();
+            assert!(split == whole, "{ty}");
+            // A partial block is an error, not a short copy, however the work splits.
+            assert!(regroup(one, from, ty, &src[..from * 3 + 1], &mut split[..ty.block_bytes() * 3]).is_err(), "{ty}");
+            assert!(regroup(one, from, ty, &src[..from * 40 + 1], &mut split[..ty.block_bytes() * 40]).is_err(), "{ty}");
+            assert!(regroup(one, from, ty, &src[..from * 40], &mut split[..ty.block_bytes() * 39]).is_err(), "{ty}");
+        }
+        assert!(regroup_of(GgmlType::Q8_0).is_none() && regroup_of(GgmlType::Iq2Xxs).is_none());
+    }
 }
