@@ -102,6 +102,8 @@ impl DeviceWeights {
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
         let mut total = 0;
+        // A weight's bytes in its device type.
+        let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
         match placement {
             Placement::PerTensor => {
                 // Weights of mat-vecs that read the same x back to back, one allocation a
@@ -118,7 +120,6 @@ impl DeviceWeights {
                     }
                 }
                 allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
-                let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
                 for group in &allocations {
                     let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
                     let buf = aligned_alloc(dev, views.iter().map(sized).sum())?;
@@ -134,7 +135,6 @@ impl DeviceWeights {
                 }
             }
             Placement::Packed => {
-                let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
                 let mut offsets = Vec::new();
                 let mut at = 0;
                 for n in &names {
