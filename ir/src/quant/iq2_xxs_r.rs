@@ -10,9 +10,9 @@
 //! entry's ~27: the parity, then four bits spread to bytes twice) and its loads (five
 //! 2-byte loads a group: 66-byte blocks leave the words 2-byte aligned). Here a group's
 //! words are one aligned 8-byte load, and the signs are laid out for the kernel's byte
-//! permute: half-entry e (weights 4e'..4e'+3 of entry e / 2) has its four signs at bits
-//! 16(e/4) + 4b + e%4 (b = 0..3), so a shift puts them at bit 2 of four nibbles, which
-//! then pick a magnitude or its negation. Six of the 72 bytes are new, +9% bytes for ~22%
+//! permute: half-entry e (weights 4(e % 2) .. 4(e % 2) + 3 of grid entry e / 2) has the
+//! sign of its weight b at bit 16(e / 4) + 4b + e % 4, so a shift puts its four signs at
+//! bit 2 of four nibbles, which then pick a magnitude or its negation. Six of the 72 bytes are new, +9% bytes for ~22%
 //! less time (H200, six picks of 2048 × 4096 standalone, 22.8 → 17.7 µs, bench/RESULTS.md).
 //! The CUDA backend regroups IQ2_XXS tensors when it uploads them
 //! (`ds4_codegen::quant::device_type`, `regroup_iq2_xxs`).
