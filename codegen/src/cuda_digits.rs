@@ -296,7 +296,7 @@ pub fn norm_digits_source(target: Target) -> Option<String> {
 {}{}{}{}    const unsigned int t = threadIdx.x;
     const float v = ds4_x[t];
     const float inv = rms_inv(ds4_block_sum(v * v), k, eps);
-    const float y = v * inv * ds4_w[t];
+    const float y = rms_scaled(v, inv, ds4_w[t]);
     ds4_out[t] = y;
     ds4_x_digits_value(y, t / {X_BLOCK}u, ds4_xd, ds4_xs, ds4_xsum, k);
 }}
@@ -395,6 +395,18 @@ pub fn grid_nibbles() -> ([u8; 3], Vec<u32>) {
     (mags, entries)
 }
 
+/// How far right (negative: left) half-entry `e` (0..8) of a group's sign word shifts so
+/// that its four signs sit at bit 2 of four nibbles: from IQ2_XXS_R's layout
+/// (`ds4_ir::quant::iq2_xxs_r_sign_bit`), whose half-entries keep their signs 4 bits apart.
+pub fn sign_shift(e: usize) -> i32 {
+    let (k, j0) = (e / 2, 4 * (e % 2));
+    let base = ds4_ir::quant::iq2_xxs_r_sign_bit(k, j0);
+    for b in 0..4 {
+        assert_eq!(ds4_ir::quant::iq2_xxs_r_sign_bit(k, j0 + b), base + 4 * b as u32, "half-entry {e}: signs 4 bits apart");
+    }
+    base as i32 - 2
+}
+
 /// The word a byte permute (`prmt`) takes its bytes from: `mags` in bytes 0..3, byte 3
 /// zero; negated (two's complement) with `negate`.
 pub fn magnitude_word(mags: [u8; 3], negate: bool) -> u32 {
@@ -424,10 +436,10 @@ __device__ __forceinline__ int ds4_pick_bytes(const unsigned int sel) {{
     return (int)d;
 }}
 
-// The signs of half-entry e of a group's sign word `sw` at bit 2 of four nibbles (IQ2_XXS_R
-// keeps weight b's at bit 16(e/4) + 4b + e%4); e a constant, so one shift.
+// The signs of half-entry e of a group's sign word `sw` at bit 2 of four nibbles: a shift
+// by IQ2_XXS_R's layout (`sign_bit`); e a constant, so one shift.
 __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, const int e) {{
-    const int sh = 16 * (e / 4) + e % 4 - 2;
+    const int sh = {shifts};
     return (sh >= 0 ? sw >> sh : sw << -sh) & 0x4444u;
 }}
 
@@ -477,6 +489,7 @@ __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, 
     float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;
 {sums}}}
 "#,
+        shifts = (0..8).rev().fold(String::new(), |rest, e| if rest.is_empty() { sign_shift(e).to_string() } else { format!("e == {e} ? {} : {rest}", sign_shift(e)) }),
         m0 = mags[0],
         m1 = mags[1],
         m2 = mags[2],
@@ -669,9 +682,9 @@ mod tests {
     use super::*;
 
     /// The kernel's byte permute gives IQ2_XXS_R's values: for every grid entry and every
-    /// sign word bit, the selector nibbles (`grid_nibbles`) with the signs shifted in as
-    /// `ds4_sign_nibbles` shifts them pick the declaration's magnitude, negated where
-    /// its dequantization negates it.
+    /// bit of a group's sign word, the selector nibbles (`grid_nibbles`) with the signs
+    /// shifted in by `sign_shift` pick the values the declaration de-quantizes the block to
+    /// (`ds4_ir::quant::dequantize_row`, over the scale), magnitude and sign.
     #[test]
     fn grid_nibbles_and_signs_pick_the_declared_values() {
         let (mags, entries) = grid_nibbles();
@@ -685,35 +698,33 @@ mod tests {
                 (if n < 4 { pos[n as usize] } else { neg[n as usize - 4] }) as i8
             })
         };
-        let sign_nibbles = |sw: u32, e: i32| {
-            let sh = 16 * (e / 4) + e % 4 - 2;
+        let sign_nibbles = |sw: u32, e: usize| {
+            let sh = sign_shift(e);
             (if sh >= 0 { sw >> sh } else { sw << -sh }) & 0x4444
         };
-        let spec = ds4_ir::quant::spec(GgmlType::Iq2XxsR).unwrap();
-        let TableData::U8(grid) = spec.tables.iter().find(|t| t.name == "GRID_BYTES").unwrap().data else { panic!() };
-        for (g, &e) in entries.iter().enumerate() {
-            for c in 0..4 {
-                for bit in 0..32 {
-                    let sw = 1u32 << bit;
-                    for h in 0..2 {
-                        let half = if h == 0 { e } else { e >> 16 };
-                        let got = prmt(sign_nibbles(sw, 2 * c + h) | half);
-                        for (b, &v) in got.iter().enumerate() {
-                            let j = 4 * h as usize + b;
-                            let ee = 2 * c as u32 + h as u32;
-                            let negative = (sw >> (16 * (ee / 4) + 4 * b as u32 + ee % 4)) & 1 == 1;
-                            let want = grid[8 * g + j] as i8;
-                            assert_eq!(v, if negative { -want } else { want }, "entry {g}, c {c}, bit {bit}, weight {j}");
-                        }
+        // A block whose group 0 has grid entry g in all four places and sign word sw; scale
+        // code 0 and d = 1: every value is ±magnitude / 8.
+        let ty = GgmlType::Iq2XxsR;
+        let mut block = vec![0u8; ty.block_bytes()];
+        block[4..6].copy_from_slice(&0x3c00u16.to_le_bytes());
+        let mut values = vec![0f32; ty.block_elems()];
+        for (g, &nib) in entries.iter().enumerate() {
+            for bit in 0..33 {
+                let sw = if bit < 32 { 1u32 << bit } else { 0x9e37_79b9 };
+                block[8..12].copy_from_slice(&(g as u32 * 0x0101_0101).to_le_bytes());
+                block[12..16].copy_from_slice(&sw.to_le_bytes());
+                ds4_ir::quant::dequantize_row(ty, &block, &mut values).unwrap();
+                for e in 0..8 {
+                    let half = if e % 2 == 0 { nib } else { nib >> 16 };
+                    for (b, &v) in prmt(sign_nibbles(sw, e) | half).iter().enumerate() {
+                        let want = values[8 * (e / 2) + 4 * (e % 2) + b] * 8.0;
+                        assert_eq!(v as f32, want, "entry {g}, sign word {sw:#x}, half-entry {e}, weight {b}");
                     }
                 }
             }
         }
     }
 
-    /// The split is exact to 2^(E−7·DIGITS): each value comes back within that (at or
-    /// below its |x|: the digits truncate), every digit within ±127; blocks from 1e-30 to
-    /// 1e30, with zeros.
     #[test]
     fn digits_give_x_back() {
         let mut seed = 0x5d4u64;

@@ -283,7 +283,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         const float4 v = held ? mine : y[c];
         const float4 g = nw[c];
-        a[c] = make_float4(v.x * inv_a * g.x, v.y * inv_a * g.y, v.z * inv_a * g.z, v.w * inv_a * g.w);
+        a[c] = make_float4(rms_scaled(v.x, inv_a, g.x), rms_scaled(v.y, inv_a, g.y), rms_scaled(v.z, inv_a, g.z), rms_scaled(v.w, inv_a, g.w));
     }}
 }}
 "#,

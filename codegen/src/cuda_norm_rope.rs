@@ -110,7 +110,7 @@ __device__ __forceinline__ float ds4_fp8_value(const float v, const float block_
         const float xv = ds4_x[base + i];
         const float wv = weighted != 0ull ? ds4_w[i] : 1.0f;
         const float inv = rms_inv(ds4_block_sum(xv * xv), n, eps);
-        float v = weighted != 0ull ? xv * inv * wv : xv * inv;
+        float v = weighted != 0ull ? rms_scaled(xv, inv, wv) : xv * inv;
         const float other = __shfl_xor_sync(0xffffffffu, v, 1);
         const unsigned long long nope = n - n_rot;
         if (i >= nope) {{
@@ -143,7 +143,7 @@ __device__ __forceinline__ float ds4_fp8_value(const float v, const float block_
     }}
     const float inv = rms_inv(ss, n, eps);
     for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) {{
-        ds4_row[i] = weighted != 0ull ? ds4_x[base + i] * inv * ds4_w[i] : ds4_x[base + i] * inv;
+        ds4_row[i] = weighted != 0ull ? rms_scaled(ds4_x[base + i], inv, ds4_w[i]) : ds4_x[base + i] * inv;
     }}
     __syncthreads();
     // `rope`: the last n_rot values in pairs.

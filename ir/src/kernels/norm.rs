@@ -12,7 +12,7 @@ pub fn rms_norm<F: Real>(item: usize, out: &mut [F], x: &[F], w: &[F], n: usize,
     }
     let inv = rms_inv(ss, n, eps);
     'par: for i in 0..n {
-        out[i] = x[base + i] * inv * w[i];
+        out[i] = rms_scaled(x[base + i], inv, w[i]);
     }
 }
 
@@ -32,11 +32,18 @@ pub fn rms_norm_plain<F: Real>(item: usize, out: &mut [F], x: &[F], n: usize, ep
 }
 
 /// The inverse RMS of `n` values whose squares add to `ss`: what a norm multiplies them by.
-/// CUDA's fused norms (`rms_norm_digits`, `norm_rope`, `hc_pre`) render this helper too,
-/// so the arithmetic is written once.
+/// CUDA's fused norms (`rms_norm_digits`, `norm_rope`, `hc_pre`) render this helper and
+/// `rms_scaled` too, so the arithmetic is written once.
 #[ds4_macros::kernel_helper]
 fn rms_inv<F: Real>(ss: F, n: usize, eps: F) -> F {
     F::one() / (ss / F::from_usize(n) + eps).sqrt()
+}
+
+/// A weighted norm's value: `x` times the inverse RMS and its weight (the fused CUDA norms
+/// render it as they render `rms_inv`).
+#[ds4_macros::kernel_helper]
+fn rms_scaled<F: Real>(x: F, inv: F, w: F) -> F {
+    x * inv * w
 }
 
 /// Elementwise sum of two rows of `n`.

@@ -179,6 +179,8 @@ pub fn regroup_q8_0(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
     Ok(())
 }
 
+pub use super::iq2_xxs_r::sign_bit as iq2_xxs_r_sign_bit;
+
 /// IQ2_XXS bytes regrouped into the IQ2_XXS_R device layout (`quant/iq2_xxs_r.rs`): `src`
 /// whole IQ2_XXS blocks (66 bytes), `dst` 72 bytes for each.
 pub fn regroup_iq2_xxs(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {

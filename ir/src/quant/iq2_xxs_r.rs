@@ -38,6 +38,7 @@ ds4_macros::quant_type! {
         let db = (d as f32) * (0.5 + (((sc >> (4 * ib)) & 15) as f32)) * 0.25;
         let g = (qs[2 * ib] >> (8 * k)) & 0xFF;
         let e = 2 * k + j / 4; // half-entry: four weights
+        // `sign_bit(k, j)`, written out (the golden test holds the two to each other).
         let neg = (qs[2 * ib + 1] >> (16 * (e / 4) + 4 * (j % 4) + e % 4)) & 1;
         let mag = GRID_BYTES[8 * g + j] as f32;
         db * f32::from_bits(mag.to_bits() ^ (neg << 31))
@@ -63,6 +64,16 @@ fn quantize_block(x: &[f32; 256]) -> Block {
     Block { sc: word(0), d: f16::from_le_bytes([to[4], to[5]]), pad: 0, qs: std::array::from_fn(|i| word(8 + 4 * i)) }
 }
 
+/// The bit of a group's sign word that holds the sign of weight `j` (0..8) of its grid
+/// entry `k` (0..4): half-entry e = 2k + j / 4 keeps weight b = j % 4's at 16(e / 4) + 4b +
+/// e % 4, so that one shift brings a half-entry's four to bit 2 of four nibbles (the CUDA
+/// kernel's byte permute, `ds4_codegen::cuda_digits`). The layout's one statement but for
+/// the declaration's `dequant`, which the expression language makes write it out.
+pub const fn sign_bit(k: usize, j: usize) -> u32 {
+    let e = 2 * k + j / 4;
+    (16 * (e / 4) + 4 * (j % 4) + e % 4) as u32
+}
+
 /// Where grid entry k's 7-bit sign pattern p puts its eight signs in a group's sign word:
 /// `SIGN_BITS[k][p]` (the eighth, the parity of the seven, included). A table so that
 /// regrouping a 47 GB model's experts at upload costs seconds, not minutes.
@@ -75,8 +86,7 @@ const SIGN_BITS: [[u32; 128]; 4] = {
             let s8 = p as u32 | ((p as u32).count_ones() & 1) << 7;
             let mut j = 0;
             while j < 8 {
-                let e = 2 * k + j / 4;
-                t[k][p] |= ((s8 >> j) & 1) << (16 * (e / 4) + 4 * (j % 4) + e % 4);
+                t[k][p] |= ((s8 >> j) & 1) << sign_bit(k, j);
                 j += 1;
             }
             p += 1;

@@ -98,7 +98,6 @@ impl GpuExecutor<'_> {
         }
         // Made by the routing's launch where it could (`router_select`), else here.
         let (xd, xs, _) = self.digits_of(x, k)?;
-        let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out_g", Arg::Ptr(gb.ptr)),
             ("out_u", Arg::Ptr(ub.ptr)),
@@ -132,7 +131,6 @@ impl GpuExecutor<'_> {
     pub(super) fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<Option<(usize, GVal)>, ExecError> {
         let expand = self.take_expand(expand.filter(|e| cuda_digits::down_expand_fits(e.nh)))?;
         let (xd, xs, xsum) = self.x_digits(g, picks * k, Some((u_rows, clamp)))?;
-        let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out", Arg::Ptr(out.ptr)),
             ("w", Arg::Ptr(down.ptr)),
@@ -188,7 +186,6 @@ impl GpuExecutor<'_> {
             return Ok(None);
         }
         let (sel, wts) = (self.dev.alloc(tokens * c.k * 4)?, self.dev.alloc(tokens * c.k * 4)?);
-        let u = |v: usize| Arg::U64(v as u64);
         let mut named = vec![
             ("sel", Arg::Ptr(sel.ptr)),
             ("wts", Arg::Ptr(wts.ptr)),

@@ -36,7 +36,6 @@ impl GpuExecutor<'_> {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
             None => None,
         };
-        let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("mix", Arg::Ptr(mix.ptr)),
             ("y", Arg::Ptr(y.ptr)),

@@ -120,7 +120,6 @@ impl GpuExecutor<'_> {
     /// launch where its kernel can (the dense one): its value if it was.
     pub(super) fn matvec_expand(&self, out: &DeviceBuf, mv: &MatVec, expand: Option<&ExpandTo>) -> Result<Option<(usize, GVal)>, ExecError> {
         let &MatVec { w, x, sel, wts, n, k, m, picks, x_div, groups, ng } = mv;
-        let u = |v: usize| Arg::U64(v as u64);
         // A token's F16 rows in 16-byte loads (cuda_f16_vec.rs).
         if w.ty == ds4_ir::GgmlType::F16 && picks == 1 && wts.is_none() && cuda_f16_vec::fits(n, k, ng, m, sel.is_some()) && (w.ptr | x) % 16 == 0 && !switched_off!("DS4_F16_VEC") && self.kernels.by_name.contains_key(cuda_f16_vec::NAME) {
             let named = [("out", Arg::Ptr(out.ptr)), ("w", Arg::Ptr(w.ptr)), ("x", Arg::Ptr(x)), ("n", u(n)), ("k", u(k)), ("ng", u(ng))];
@@ -198,7 +197,6 @@ impl GpuExecutor<'_> {
     /// share x), else made here where the kernel reads them.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_launch(&self, kind: QuantKernelKind, out: &DeviceBuf, w: &DeviceTensor, x: u64, n: usize, k: usize, m: usize, groups: usize, ng: usize, x_div: usize, listed: Option<(u64, u64)>, blocks_y: usize, parts: Option<&XParts>) -> Result<(), ExecError> {
-        let u = |v: usize| Arg::U64(v as u64);
         let (idx, gexp) = listed.unwrap_or((self.dummy.ptr, self.dummy.ptr));
         let blocks_x = if kind == QuantKernelKind::MatMulMma { n.div_ceil(MMA_ROWS) } else { n };
         // Few tiles over long rows (the hyper-connection projections: one 64-row tile):

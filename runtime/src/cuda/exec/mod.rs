@@ -66,7 +66,7 @@ impl From<CudaError> for ExecError {
 /// Whether side branches of kind `b` run beside the main lane: `DS4_SIDE_BRANCH=0` keeps
 /// every node on the main lane, `DS4_SIDE_QUERY=0` the attention's query.
 fn branch_on(b: Branch) -> bool {
-    !switched_off!("DS4_SIDE_BRANCH") && !(b == Branch::Query && switched_off!("DS4_SIDE_QUERY"))
+    !(switched_off!("DS4_SIDE_BRANCH") || (b == Branch::Query && switched_off!("DS4_SIDE_QUERY")))
 }
 
 /// Node `id`'s value in, and the inputs whose last reader it is (at `step`) freed.
@@ -116,6 +116,13 @@ struct RopeArgs {
     base: usize,
     mult: usize,
     sign: f32,
+}
+
+impl RopeArgs {
+    /// The four arguments every RoPE kernel takes from these, by their names.
+    fn named(&self) -> [(&'static str, Arg); 4] {
+        [("inv_freq", Arg::Ptr(self.freq.ptr)), ("pos_base", u(self.base)), ("pos_mult", u(self.mult)), ("sign", fl(self.sign))]
+    }
 }
 
 /// A value flowing along an edge: f32 or i32 elements on the device, or a weight.
@@ -521,7 +528,7 @@ impl GpuExecutor<'_> {
                     Some(ahead) => fused(made, ahead),
                     None => {
                         let r = self.rope_args(id, bind)?;
-                        let named = [("x", f(0)?), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", fl(r.sign))];
+                        let named = [[("x", f(0)?), ("heads", u(heads)), ("hd", u(hd)), ("n_rot", u(*n_rot))], r.named()].concat();
                         self.op("rope", n_out, hd, &named)?
                     }
                 }

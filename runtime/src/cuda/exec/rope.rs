@@ -69,23 +69,19 @@ impl GpuExecutor<'_> {
         // The norm's own threads, so that its sums are the same floats.
         let norm_kernel = self.kernels.get(if w.is_some() { "rms_norm" } else { "rms_norm_plain" })?;
         let threads = self.op_threads(norm_kernel, rows, n);
-        let u = |v: usize| Arg::U64(v as u64);
         let named = [
             ("out", Arg::Ptr(out.ptr)),
             ("x", Arg::Ptr(x.ptr())),
             ("w", Arg::Ptr(w.unwrap_or(self.dummy.ptr))),
-            ("inv_freq", Arg::Ptr(r.freq.ptr)),
             ("n", u(n)),
             ("heads", u(heads)),
             ("n_rot", u(n_rot)),
-            ("pos_base", u(r.base)),
-            ("pos_mult", u(r.mult)),
             ("eps", Arg::F32(c.eps)),
-            ("sign", Arg::F32(r.sign)),
             ("weighted", u(w.is_some() as usize)),
             ("fp8", u(c.fp8.is_some() as usize)),
             ("n_nope", u(c.fp8.unwrap_or(0))),
         ];
+        let named: Vec<_> = named.into_iter().chain(r.named()).collect();
         let k = self.kernels.get(cuda_norm_rope::NAME)?;
         self.call_threads(k, cuda_norm_rope::NAME, (rows as u32, 1, 1), threads, cuda_norm_rope::shared_bytes(n), &named)?;
         Ok(Some(chain_values(&c.skipped, c.last, out, n_out)))
@@ -106,8 +102,7 @@ impl GpuExecutor<'_> {
         let r = self.rope_args(rope, bind)?;
         let rows = n_out / hd;
         let out = self.dev.alloc(n_out * 4)?;
-        let u = |v: usize| Arg::U64(v as u64);
-        let named = [("out", Arg::Ptr(out.ptr)), ("x", Arg::Ptr(x.ptr())), ("inv_freq", Arg::Ptr(r.freq.ptr)), ("rows", u(rows)), ("heads", u(heads)), ("n_rot", u(n_rot)), ("pos_base", u(r.base)), ("pos_mult", u(r.mult)), ("sign", Arg::F32(r.sign)), ("fp4", u(c.fp4 as usize))];
+        let named = [[("out", Arg::Ptr(out.ptr)), ("x", Arg::Ptr(x.ptr())), ("rows", u(rows)), ("heads", u(heads)), ("n_rot", u(n_rot)), ("fp4", u(c.fp4 as usize))].as_slice(), &r.named()].concat();
         let k = self.kernels.get(cuda_norm_rope::ROPE_HADAMARD)?;
         self.call_threads(k, cuda_norm_rope::ROPE_HADAMARD, (cuda_norm_rope::rope_hadamard_blocks(rows), 1, 1), cuda_norm_rope::ROPE_HADAMARD_THREADS, 0, &named)?;
         Ok(Some(chain_values(&c.skipped, c.hadamard, out, n_out)))
@@ -128,19 +123,7 @@ impl GpuExecutor<'_> {
         }
         let r = self.rope_args(rope, bind)?;
         let out = self.dev.alloc(items * hd * 4)?;
-        let u = |v: usize| Arg::U64(v as u64);
-        let named = [
-            ("out", Arg::Ptr(out.ptr)),
-            ("part", Arg::Ptr(part.ptr())),
-            ("inv_freq", Arg::Ptr(r.freq.ptr)),
-            ("hd", u(hd)),
-            ("nc", u(nc)),
-            ("heads", u(heads)),
-            ("n_rot", u(n_rot)),
-            ("pos_base", u(r.base)),
-            ("pos_mult", u(r.mult)),
-            ("sign", Arg::F32(r.sign)),
-        ];
+        let named = [[("out", Arg::Ptr(out.ptr)), ("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc)), ("heads", u(heads)), ("n_rot", u(n_rot))].as_slice(), &r.named()].concat();
         let k = self.kernels.get(cuda_attention_merge::ROPE_NAME)?;
         self.call_threads(k, cuda_attention_merge::ROPE_NAME, (items as u32, 1, 1), cuda_attention_merge::THREADS, cuda_attention_merge::rope_shared_bytes(hd), &named)?;
         Ok(Some(out))
