@@ -32,29 +32,26 @@ pub(crate) const BLOCK_SUM: &str = "__device__ float ds4_block_sum(float v) {
 }
 ";
 
-/// `N` block-wide sums at once (`v`, summed in place, the totals in every thread), each
-/// added exactly as [`BLOCK_SUM`] adds it: the shuffle trees side by side and one round
-/// through shared memory, two barriers where `N` calls take 2·`N` (`hc_pre`'s Σ x² and its
-/// projection rows' Σ w·x).
-pub(crate) const BLOCK_SUMS: &str = "template <unsigned int N> __device__ void ds4_block_sums(float (&v)[N]) {
-    __shared__ float ds4_redn[32][N];
+/// Two block-wide sums at once, each added exactly as [`BLOCK_SUM`] adds it: the two
+/// shuffle trees side by side and one round through shared memory, two barriers where two
+/// calls take four (`hc_pre`'s Σ x² and Σ w·x).
+pub(crate) const BLOCK_SUM2: &str = "__device__ float2 ds4_block_sum2(float a, float b) {
+    __shared__ float2 ds4_red2[32];
     for (int o = 16; o > 0; o >>= 1) {
-        #pragma unroll
-        for (unsigned int q = 0; q < N; q++) v[q] += __shfl_xor_sync(0xffffffffu, v[q], o);
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
     }
     __syncthreads();
-    if ((threadIdx.x & 31u) == 0u) {
-        #pragma unroll
-        for (unsigned int q = 0; q < N; q++) ds4_redn[threadIdx.x >> 5][q] = v[q];
-    }
+    if ((threadIdx.x & 31u) == 0u) ds4_red2[threadIdx.x >> 5] = make_float2(a, b);
     __syncthreads();
     const bool in = (threadIdx.x & 31u) < ((blockDim.x + 31u) >> 5);
-    #pragma unroll
-    for (unsigned int q = 0; q < N; q++) v[q] = in ? ds4_redn[threadIdx.x & 31u][q] : 0.0f;
+    const float2 r = in ? ds4_red2[threadIdx.x & 31u] : make_float2(0.0f, 0.0f);
+    float ta = r.x, tb = r.y;
     for (int o = 16; o > 0; o >>= 1) {
-        #pragma unroll
-        for (unsigned int q = 0; q < N; q++) v[q] += __shfl_xor_sync(0xffffffffu, v[q], o);
+        ta += __shfl_xor_sync(0xffffffffu, ta, o);
+        tb += __shfl_xor_sync(0xffffffffu, tb, o);
     }
+    return make_float2(ta, tb);
 }
 ";
 

@@ -8,22 +8,18 @@
 //! that mostly waits (H200, Nsight Compute: norm 7.0 µs in one block, projection 10.7 µs
 //! in 24 blocks, mix 8.7, collapse 3.3, weighted norm 3.9-5.0), 86 times a step.
 //!
-//! Here a block of token t (1024 threads) reads the token's streams once, four floats a
-//! load, for both the norm's Σ x² and its projection rows' Σ w·x, scaled once by 1 / rms
+//! Here block r of token t (1024 threads) reads the token's streams once, four floats a
+//! load, for both the norm's Σ x² and projection row r's Σ w·x, scaled once by 1 / rms
 //! (the normed streams' projection). Then the mix's three parts go separate ways, each
 //! on its own SM, so that the collapse never waits for the Sinkhorn:
-//! - block 0 projects all nh pre rows (nh ≤ `PRE_ROWS`: their weights' first loads fit
-//!   its registers before the wait), writes the pre weights (`cuda_hc_mix`'s formulas,
-//!   the same floats as `hc_mix` given the projection) and goes straight on to the
-//!   collapse (`hc_collapse`'s order) and, where the graph norms the collapse
-//!   (`has_norm`), that norm (`rms_norm`'s arithmetic, its sum in another order), with
-//!   all its threads. (With a block a pre row, the last of them to finish took a ticket
-//!   from `counters` and read the others' weights back: a store, two fences, an atomic
-//!   and a load in a row, which `one` 0 keeps for more streams);
-//! - the next nh blocks write their own post weight;
-//! - blocks of the nh² combination rows store their projection; the last of them (a
-//!   ticket) runs the Sinkhorn in one warp (`cuda_hc_mix`'s lanes), which only
-//!   `hc_expand` reads, after the sublayer.
+//! - blocks r < 2·nh write their own pre or post weight (`cuda_hc_mix`'s formulas, the
+//!   same floats as `hc_mix` given the projection); the last pre block to finish (a
+//!   ticket from `counters`, which it resets) makes the collapse (`hc_collapse`'s order)
+//!   and, where the graph norms the collapse (`has_norm`), that norm (`rms_norm`'s
+//!   arithmetic, its sum in another order), with all its threads;
+//! - blocks r ≥ 2·nh store their projection; the last of them (a second ticket) runs the
+//!   Sinkhorn in one warp (`cuda_hc_mix`'s lanes), which only `hc_expand` reads, after
+//!   the sublayer.
 //!
 //! H200, standalone (back-to-back launches, ~3.5 µs each when empty): 13.3 µs with the
 //! Sinkhorn beside the collapse in one block (its idle lanes on -inf, the division's slow
@@ -46,26 +42,10 @@ pub const THREADS: u32 = 1024;
 pub const MAX_TOKENS: usize = 8;
 /// Ticket counters the launch needs (zeros, left zero): two a token.
 pub const COUNTERS: usize = 2 * MAX_TOKENS;
-/// The most pre rows one block projects (`one`: block 0 takes all nh of them, their
-/// weights' first loads in registers before the wait).
-pub const PRE_ROWS: usize = 4;
-
-/// Whether a launch over `nh` streams takes the one-block pre rows (`one` 1, [`grid_x`]).
-pub fn one_pre_block(nh: usize) -> bool {
-    nh <= PRE_ROWS
-}
-
-/// Blocks a token: one a projection row, or with the pre rows in one block
-/// ([`one_pre_block`]), that block and one a post or combination row.
-pub fn grid_x(nh: usize) -> usize {
-    let rows = 2 * nh + nh * nh;
-    if one_pre_block(nh) { rows - nh + 1 } else { rows }
-}
 
 /// Parameters in launch order; `a` and `norm_w` are read and written only when
 /// `has_norm` is 1; with `comb` 0 the combination blocks store their projections and
-/// leave the Sinkhorn to an [`HC_COMB`] launch; `one` is [`one_pre_block`]'s answer (the
-/// grid is [`grid_x`]'s).
+/// leave the Sinkhorn to an [`HC_COMB`] launch.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
@@ -86,7 +66,6 @@ pub fn params() -> Vec<QParam> {
         QParam::Scalar { name: "has_norm" },
         QParam::Float { name: "eps_a" },
         QParam::Scalar { name: "comb" },
-        QParam::Scalar { name: "one" },
     ]
 }
 
@@ -178,12 +157,12 @@ pub fn fits(nh: usize, d: usize, tokens: usize) -> bool {
     cuda_hc_mix::fits(nh) && d.is_multiple_of(4) && (1..=MAX_TOKENS).contains(&tokens)
 }
 
-/// The CUDA source. Launch: grid ([`grid_x`]`(nh)`, tokens), `THREADS` threads.
+/// The CUDA source. Launch: grid (2·nh + nh², tokens), `THREADS` threads.
 pub fn source() -> String {
     let mut s = format!("// {NAME}: a token's plain RMS norm, projection, mix and collapse in one launch (codegen/src/cuda_hc_pre.rs).\n\n");
     s.push_str(&comb_helpers());
     s.push_str(crate::cuda::BLOCK_SUM);
-    s.push_str(crate::cuda::BLOCK_SUMS);
+    s.push_str(crate::cuda::BLOCK_SUM2);
     s.push_str(crate::quant::cuda::F16_TO_F32_DOT);
     s.push_str(&crate::cuda::text_helpers("rms_norm"));
     s.push_str(&format!(
@@ -193,43 +172,32 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
-// Four streams' values v added to Σ x².
-__device__ __forceinline__ void ds4_add_squares(const float4 v, float& ss) {{
-    ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
-}}
-
-// Four streams' values v and a projection row's halves h added to Σ w·x.
-__device__ __forceinline__ void ds4_add_dot(const float4 v, const uint2 h, float& dot) {{
+// Four streams' values v and the projection row's halves h added to Σ x² and Σ w·x.
+__device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, float& ss, float& dot) {{
     const float4 w = ds4_half4(h);
+    ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
     dot = fmaf(w.x, v.x, dot); dot = fmaf(w.y, v.y, dot);
     dot = fmaf(w.z, v.z, dot); dot = fmaf(w.w, v.w, dot);
 }}
 
 {entry}    const unsigned int item = blockIdx.y;
+    const unsigned int row = blockIdx.x;
     const unsigned int h = (unsigned int)nh;
-    // With `one`, block 0 projects every pre row and goes on to the collapse, block b > 0
-    // row h + b - 1; without, block r projects row r (`pre_rows`).
-    const bool pre_block = one != 0ull && blockIdx.x == 0u;
-    const unsigned int row = one == 0ull ? blockIdx.x : (blockIdx.x == 0u ? 0u : h + blockIdx.x - 1u);
-    const unsigned int rows = pre_block ? h : 1u;
     const unsigned int mw = 2 * h + h * h;
     const unsigned int n4 = h * (unsigned int)d / 4;
     const float4* const x = (const float4*)(ds4_x + (unsigned long long)item * nh * d);
     const uint2* const wr = (const uint2*)(ds4_w + (unsigned long long)row * nh * d * 2);
-    // The rows' first weights before the wait (no kernel writes them): in a decode step's
+    // The row's first weights before the wait (no kernel writes them): in a decode step's
     // graph the kernel before this one lets it start while its last blocks add and store.
-    uint2 w_first[{ROWS}][{PREFETCH}];
+    uint2 w_first[{PREFETCH}];
     #pragma unroll
-    for (unsigned int q = 0; q < {ROWS}u; q++) {{
-        #pragma unroll
-        for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
-            const unsigned int i = threadIdx.x + j * blockDim.x;
-            w_first[q][j] = q < rows && i < n4 ? __ldg(wr + q * n4 + i) : make_uint2(0u, 0u);
-        }}
+    for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+        const unsigned int i = threadIdx.x + j * blockDim.x;
+        w_first[j] = i < n4 ? __ldg(wr + i) : make_uint2(0u, 0u);
     }}
-{wait}    // One pass: Σ x² (the norm, sums[0]) and each row's Σ w·x (sums[1 + q]), four values
-    // a load. The first loads stay in registers for the collapse (`held`, below).
-    float sums[1 + {ROWS}] = {{0.0f}};
+{wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
+    // The first loads stay in registers for the collapse (`held`, below).
+    float ss_part = 0.0f, dot_part = 0.0f;
     float4 xr[{PREFETCH}];
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
@@ -238,34 +206,15 @@ __device__ __forceinline__ void ds4_add_dot(const float4 v, const uint2 h, float
     }}
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
-        if (threadIdx.x + j * blockDim.x < n4) {{
-            ds4_add_squares(xr[j], sums[0]);
-            #pragma unroll
-            for (unsigned int q = 0; q < {ROWS}u; q++) if (q < rows) ds4_add_dot(xr[j], w_first[q][j], sums[1 + q]);
-        }}
+        if (threadIdx.x + j * blockDim.x < n4) ds4_add_terms(xr[j], w_first[j], ss_part, dot_part);
     }}
     #pragma unroll 4
-    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) {{
-        const float4 v = x[i];
-        ds4_add_squares(v, sums[0]);
-        #pragma unroll
-        for (unsigned int q = 0; q < {ROWS}u; q++) if (q < rows) ds4_add_dot(v, wr[q * n4 + i], sums[1 + q]);
-    }}
-    ds4_block_sums(sums);
-    // The normed streams' projections: Σ w·x scaled by the norm's 1 / rms.
-    const float inv = rms_inv(sums[0], (usize)(4 * n4), eps_norm);
+    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(x[i], wr[i], ss_part, dot_part);
+    const float2 sums = ds4_block_sum2(ss_part, dot_part);
+    const float ss = sums.x, dot = sums.y;
+    // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
+    const float p = dot * rms_inv(ss, (usize)(4 * n4), eps_norm);
     float* const mix = ds4_mix + item * mw;
-    float pre[DS4_MAX_NH];
-    if (pre_block) {{
-        // Every pre weight here: the collapse waits on no other block.
-        #pragma unroll
-        for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h && i < {ROWS}u ? ds4_hc_pre_post_entry(sums[1 + (i < {ROWS}u ? i : 0u)] * inv, ds4_scale, ds4_base, h, eps_mix, i) : 0.0f;
-        if (threadIdx.x == 0) {{
-            #pragma unroll
-            for (unsigned int i = 0; i < DS4_MAX_NH; i++) if (i < h) mix[i] = pre[i];
-        }}
-    }} else {{
-    const float p = sums[1] * inv;
     __shared__ bool last;
     if (row >= 2 * h) {{
         // A combination entry: the last of the nh² blocks (ticket nh² - 1) runs the
@@ -283,8 +232,8 @@ __device__ __forceinline__ void ds4_add_dot(const float4 v, const uint2 h, float
         ds4_hc_comb_item(ds4_mix, ds4_proj, ds4_scale, ds4_base, nh, iters, eps_mix, item);
         return;
     }}
-    // A pre or post weight, this block's own entry of the mix; without `one`, the last of
-    // the nh pre blocks (ticket nh - 1) goes on to the collapse.
+    // A pre or post weight, this block's own entry of the mix; the last of the nh pre
+    // blocks (ticket nh - 1) goes on to the collapse.
     if (threadIdx.x == 0) mix[row] = ds4_hc_pre_post_entry(p, ds4_scale, ds4_base, h, eps_mix, row);
     if (row >= h) return;
     if (threadIdx.x == 0) {{
@@ -295,12 +244,11 @@ __device__ __forceinline__ void ds4_add_dot(const float4 v, const uint2 h, float
     if (!last) return;
     __threadfence();
     if (threadIdx.x == 0) ds4_counters[2 * item] = 0;
-    // The pre weights from L2 (other blocks wrote them).
+    // The collapse (`hc_collapse`): the streams weighted by the pre weights (from L2:
+    // other blocks wrote them), added left to right, four outputs a thread at a time.
+    float pre[DS4_MAX_NH];
     #pragma unroll
     for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? __ldcg(mix + i) : 0.0f;
-    }}
-    // The collapse (`hc_collapse`): the streams weighted by the pre weights, added left
-    // to right, four outputs a thread at a time.
     const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     const float4* const nw = (const float4*)ds4_norm_w;
@@ -341,8 +289,7 @@ __device__ __forceinline__ void ds4_add_dot(const float4 v, const uint2 h, float
 "#,
         entry = crate::cuda::own_entry_unwaited(NAME, &THREADS.to_string(), &params()),
         wait = crate::cuda::GRID_WAIT,
-        PREFETCH = 4,
-        ROWS = PRE_ROWS,
+        PREFETCH = 4
     ));
     s
 }

@@ -22,9 +22,6 @@ impl GpuExecutor<'_> {
             return Ok(None);
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
-        // The pre rows in one block (`cuda_hc_pre::one_pre_block`); `DS4_HC_PRE_ONE=0`
-        // gives each its own and the collapse to the last by a ticket.
-        let one = cuda_hc_pre::one_pre_block(c.nh) && !switched_off!("DS4_HC_PRE_ONE");
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
         // The Sinkhorn out of this launch (`CombHome`): the FFN's where the collapse's norm
         // feeds the shared expert's lane, the others' riding the next dense mat-vec.
@@ -58,10 +55,8 @@ impl GpuExecutor<'_> {
             ("has_norm", u(norm.is_some() as usize)),
             ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
             ("comb", u(home.is_none() as usize)),
-            ("one", u(one as usize)),
         ];
-        let blocks = if one { cuda_hc_pre::grid_x(c.nh) } else { mw };
-        self.call(cuda_hc_pre::NAME, (blocks as u32, tokens as u32), &named)?;
+        self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
         if let Some(home) = home {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
