@@ -4,10 +4,9 @@
 //! `blockIdx.x`. Arguments in param order: the output pointer, input pointers, then
 //! scalars by value (`usize` = u64, `F` = f32, `bool` = 1 byte, `i32`).
 //!
-//! TODO(parallel): one thread computes the whole item for now (the others return at
-//! once). Spreading an item's loops over the block's threads (reductions through
-//! shared memory) is per-architecture tuning, which is why sm90 and sm120 are separate
-//! targets already.
+//! The block's threads share an item's `'par` and `'sum` loops where the body allows it
+//! (`render::runs_parallel`, docs/cuda-backend.md "Threads per item"); otherwise one
+//! thread computes the item and the others return at once.
 
 use crate::render::{c_cast, c_declare, c_for, c_lit, call, escape_any, CXX_KEYWORDS, prec, Code, Dialect};
 use std::fmt::Write as _;
