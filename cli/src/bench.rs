@@ -35,6 +35,12 @@ pub struct BenchArgs {
     /// Prefill chunk size.
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
+    /// Measure each prefill length (with its decode) this many times on the one loaded
+    /// model: a CSV row each, and the median decode rate on stderr. Runs of one binary
+    /// vary by more than a change measured one run apart (a lease's noise:
+    /// bench/RESULTS.md), while a load costs tens of seconds on a full-size file.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Instead: CPU mat-vec GB/s per quant type vs copy bandwidth (see bench_matvec.rs).
     #[arg(long)]
     pub matvec: bool,
@@ -66,12 +72,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let o = crate::bench_matvec::MatvecOpts { set_mib: a.matvec_mib, passes: a.passes, types: a.types, fast: a.fast };
         return crate::bench_matvec::run(o);
     }
+    if a.repeat == 0 {
+        anyhow::bail!("--repeat must be at least 1");
+    }
     let t_load = Instant::now();
     let (model, generate) = match &a.synthetic {
         None => (load_model(a.model.as_deref())?, BTreeSet::new()),
         Some(arch) => synthetic_model(arch, &a.recipe, a.layers, a.backend)?,
     };
-    let vocab = model.hp.vocab as u32;
     // One CUDA backend (kernels compiled, weights uploaded) for every measurement.
     let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
     let cuda = a.backend.load(&model, &CudaOptions { placement, generate })?;
@@ -85,56 +93,83 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let roofline_tps = copy_gbs * 1e9 / step_bytes.max(1) as f64;
     eprintln!("ds4 bench: {:.3} GB of weights read per decoded token; copy bandwidth {copy_gbs:.0} GB/s; roofline {roofline_tps:.1} tokens/s", step_bytes as f64 / 1e9);
+    let roof = Roofline { step_bytes, copy_gbs, tps: roofline_tps };
     println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,gen_tps_ss,first_token_sec,kvcache_bytes,weight_bytes_per_token,copy_gbs,roofline_tps,gen_frac_roofline,threads");
     for n in crate::common::parse_tokens(&a.prefill)? {
         let n = n as usize;
-        // A deterministic prompt of in-vocabulary ids.
-        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 1) % vocab).collect();
-        let mut s = AnySession::on(&model, cuda.as_ref(), SessionOptions::default());
-        let t0 = Instant::now();
-        let logits = s.prefill_last(&ids, a.chunk)?;
-        let pt = t0.elapsed().as_secs_f64();
-        let next = ds4_runtime::sample::argmax(&logits) as u32;
-        let first_token = t0.elapsed().as_secs_f64();
-        let prof = ds4_runtime::cuda::profile::report();
-        if !prof.is_empty() {
-            eprintln!("DS4_PROFILE, prefill of {n}:\n{prof}");
+        let mut steady = Vec::with_capacity(a.repeat);
+        for _ in 0..a.repeat {
+            steady.push(measure(&a, &model, cuda.as_ref(), n, &roof)?);
         }
-        // Every step's time: gen_tps over all of them, gen_tps_ss over the second half
-        // (steady state: caches and buffer pools warm).
-        // (On CUDA the host queues a step before it reads the last one's pick: a step's
-        // time is the time between picks.)
-        let mut steps = Vec::with_capacity(a.gen);
-        let mut t = Instant::now();
-        s.decode_greedy(next, a.gen, |_| {
-            steps.push(t.elapsed().as_secs_f64());
-            t = Instant::now();
-            true
-        })?;
-        let tps = |d: &[f64]| if d.is_empty() { 0.0 } else { d.len() as f64 / d.iter().sum::<f64>().max(1e-9) };
-        let (gen_tps, ss_tps) = (tps(&steps), tps(&steps[steps.len() / 2..]));
-        println!(
-            "{},{},{:.1},{},{:.2},{:.2},{:.3},{},{},{:.0},{:.1},{:.4},{}",
-            n + a.gen,
-            n,
-            n as f64 / pt,
-            a.gen,
-            gen_tps,
-            ss_tps,
-            first_token,
-            s.state_bytes(),
-            step_bytes,
-            copy_gbs,
-            roofline_tps,
-            ss_tps / roofline_tps,
-            rayon::current_num_threads()
-        );
-        let prof = ds4_runtime::cuda::profile::report();
-        if !prof.is_empty() {
-            eprintln!("DS4_PROFILE, {} decode steps:\n{prof}", a.gen);
+        if a.repeat > 1 {
+            steady.sort_by(f64::total_cmp);
+            let list: Vec<String> = steady.iter().map(|t| format!("{t:.2}")).collect();
+            eprintln!("ds4 bench: prefill {n}, {} runs: decode steady median {:.2} t/s ({})", a.repeat, steady[a.repeat / 2], list.join(" "));
         }
     }
     Ok(())
+}
+
+/// Weight bytes a decoded token reads, the copy bandwidth, and the decode rate that
+/// bandwidth gives those bytes.
+#[derive(Clone, Copy)]
+struct Roofline {
+    step_bytes: u64,
+    copy_gbs: f64,
+    tps: f64,
+}
+
+/// One measurement of a prefill of `n` tokens and `a.gen` decode steps on a fresh session:
+/// its CSV row printed, its steady decode rate returned.
+fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtime::cuda::CudaBackend>>, n: usize, roof: &Roofline) -> Result<f64> {
+    let Roofline { step_bytes, copy_gbs, tps: roofline_tps } = *roof;
+    // A deterministic prompt of in-vocabulary ids.
+    let vocab = model.hp.vocab as u32;
+    let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 1) % vocab).collect();
+    let mut s = AnySession::on(model, cuda, SessionOptions::default());
+    let t0 = Instant::now();
+    let logits = s.prefill_last(&ids, a.chunk)?;
+    let pt = t0.elapsed().as_secs_f64();
+    let next = ds4_runtime::sample::argmax(&logits) as u32;
+    let first_token = t0.elapsed().as_secs_f64();
+    let prof = ds4_runtime::cuda::profile::report();
+    if !prof.is_empty() {
+        eprintln!("DS4_PROFILE, prefill of {n}:\n{prof}");
+    }
+    // Every step's time: gen_tps over all of them, gen_tps_ss over the second half
+    // (steady state: caches and buffer pools warm).
+    // (On CUDA the host queues a step before it reads the last one's pick: a step's
+    // time is the time between picks.)
+    let mut steps = Vec::with_capacity(a.gen);
+    let mut t = Instant::now();
+    s.decode_greedy(next, a.gen, |_| {
+        steps.push(t.elapsed().as_secs_f64());
+        t = Instant::now();
+        true
+    })?;
+    let tps = |d: &[f64]| if d.is_empty() { 0.0 } else { d.len() as f64 / d.iter().sum::<f64>().max(1e-9) };
+    let (gen_tps, ss_tps) = (tps(&steps), tps(&steps[steps.len() / 2..]));
+    println!(
+        "{},{},{:.1},{},{:.2},{:.2},{:.3},{},{},{:.0},{:.1},{:.4},{}",
+        n + a.gen,
+        n,
+        n as f64 / pt,
+        a.gen,
+        gen_tps,
+        ss_tps,
+        first_token,
+        s.state_bytes(),
+        step_bytes,
+        copy_gbs,
+        roofline_tps,
+        ss_tps / roofline_tps,
+        rayon::current_num_threads()
+    );
+    let prof = ds4_runtime::cuda::profile::report();
+    if !prof.is_empty() {
+        eprintln!("DS4_PROFILE, {} decode steps:\n{prof}", a.gen);
+    }
+    Ok(ss_tps)
 }
 
 /// `--synthetic ds4-flash`: the real layout with its big tensors deferred (never in host

@@ -98,6 +98,29 @@ fn bench_synthetic_refuses_what_it_cannot_do() {
     refuses(&["bench", "--synthetic", "ds4-flash", "--layers", "2"], None, "use it with --backend cuda");
 }
 
+/// `ds4 bench --repeat N` on the CPU: the CSV header, then N rows for each prefill length
+/// (one loaded model, a fresh session each), and the median decode rate on stderr;
+/// `--repeat 0` is refused.
+#[test]
+fn bench_repeats_each_measurement_on_one_model() {
+    let out = ds4().args(["bench", "--model"]).arg(golden("tiny-f32")).args(["--prefill", "5,9", "--gen", "4", "--chunk", "4", "--repeat", "3"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 3, "{stdout}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    assert_eq!(header[..6], ["ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps", "gen_tps_ss"]);
+    for (i, row) in lines[1..].iter().enumerate() {
+        let cols: Vec<&str> = row.split(',').collect();
+        assert_eq!(cols.len(), header.len(), "{row}");
+        let n = if i < 3 { 5 } else { 9 };
+        assert_eq!((cols[0], cols[1], cols[3]), (&*(n + 4).to_string(), &*n.to_string(), "4"), "{row}");
+        assert!(cols[5].parse::<f64>().unwrap() > 0.0, "{row}");
+    }
+    assert_eq!(stderr.matches(", 3 runs: decode steady median ").count(), 2, "{stderr}");
+    refuses(&["bench", "--repeat", "0", "--model"], Some(&golden("tiny-f32")), "--repeat must be at least 1");
+}
+
 /// A model whose tensor table does not match the graph is refused naming the tensor.
 #[test]
 fn missing_or_misshaped_tensors_are_named() {
