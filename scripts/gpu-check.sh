@@ -15,7 +15,8 @@
 #   - the peer's file: ../shared/tools/mksynth.py writes it on the device (sparse), and
 #     `ds4 bench --model` loads it through the normal loader.
 # ONLY=kbench runs only the quant kernel benchmark.
-# FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43), FULL_FILE=0 (skip the
+# FULL_PREFILL (default 2048), FULL_GEN (32), FULL_LAYERS (43), FULL_REPEAT (3: runs a
+# load, `ds4 bench --repeat`, the median decode rate last), FULL_FILE=0 (skip the
 # mksynth file), FULL_PACK=1 (also the packed weight placement) and ONLY=full (skip the
 # kernel and tiny-model checks) tune it; DS4_PROFILE=1 profiles the synthetic run. The
 # synthetic run is repeated with DS4_CUDA_GRAPHS=0 (decode launched one by one).
@@ -73,10 +74,10 @@ full_bench() {
         echo "full-size bench: skipped (GPU memory ${mem_mib} MiB; FULL=1 forces it)"
         return 0
     fi
-    local P=${FULL_PREFILL:-2048} G=${FULL_GEN:-32} L=${FULL_LAYERS:-43} rc=0
+    local P=${FULL_PREFILL:-2048} G=${FULL_GEN:-32} L=${FULL_LAYERS:-43} R=${FULL_REPEAT:-3} rc=0
     echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L (prefill $P, gen $G)"
     DS4_PROFILE=${DS4_PROFILE:-0} timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
-        --prefill $P --chunk $P --gen $G || { echo "synthetic bench failed: exit $?"; rc=1; }
+        --prefill $P --chunk $P --gen $G --repeat $R || { echo "synthetic bench failed: exit $?"; rc=1; }
     # Decode launched one by one, for comparison with the CUDA graphs (the default).
     echo "== ds4 bench --synthetic ds4-flash --recipe q2 --layers $L, DS4_CUDA_GRAPHS=0 (prefill $P, gen $G)"
     DS4_CUDA_GRAPHS=0 DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --synthetic ds4-flash --recipe q2 --layers $L \
@@ -94,7 +95,7 @@ full_bench() {
         PYTHONPATH=/tmp/site python3 "$CARRY/mksynth.py" "$F" --tokenizer "$CARRY/tokenizer.gguf" --layers $L || rc=1
         echo "mksynth: $(( $(date +%s) - t0 )) s; on disk: $(du -h "$F" | cut -f1), apparent $(du -h --apparent-size "$F" | cut -f1)"
         echo "== ds4 bench --model mksynth q2 (prefill $P, gen $G)"
-        DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --model "$F" --prefill $P --chunk $P --gen $G || rc=1
+        DS4_PROFILE=0 timeout ${FULL_TIMEOUT:-400} "$CARRY/ds4" bench --backend cuda --model "$F" --prefill $P --chunk $P --gen $G --repeat $R || rc=1
         rm -f "$F"
     fi
     return $rc
