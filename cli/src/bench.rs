@@ -97,14 +97,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,gen_tps_ss,first_token_sec,kvcache_bytes,weight_bytes_per_token,copy_gbs,roofline_tps,gen_frac_roofline,threads");
     for n in crate::common::parse_tokens(&a.prefill)? {
         let n = n as usize;
-        let mut steady = Vec::with_capacity(a.repeat);
+        let (mut prefill, mut steady) = (Vec::with_capacity(a.repeat), Vec::with_capacity(a.repeat));
         for _ in 0..a.repeat {
-            steady.push(measure(&a, &model, cuda.as_ref(), n, &roof)?);
+            let (p, d) = measure(&a, &model, cuda.as_ref(), n, &roof)?;
+            prefill.push(p);
+            steady.push(d);
         }
         if a.repeat > 1 {
-            steady.sort_by(f64::total_cmp);
+            let (decode, prefill) = (median(&mut steady), median(&mut prefill));
             let list: Vec<String> = steady.iter().map(|t| format!("{t:.2}")).collect();
-            eprintln!("ds4 bench: prefill {n}, {} runs: decode steady median {:.2} t/s ({})", a.repeat, steady[a.repeat / 2], list.join(" "));
+            eprintln!("ds4 bench: prefill {n}, {} runs: decode steady median {decode:.2} t/s ({}), prefill median {prefill:.1} t/s", a.repeat, list.join(" "));
         }
     }
     Ok(())
@@ -120,8 +122,8 @@ struct Roofline {
 }
 
 /// One measurement of a prefill of `n` tokens and `a.gen` decode steps on a fresh session:
-/// its CSV row printed, its steady decode rate returned.
-fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtime::cuda::CudaBackend>>, n: usize, roof: &Roofline) -> Result<f64> {
+/// its CSV row printed, its prefill and steady decode rates returned.
+fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtime::cuda::CudaBackend>>, n: usize, roof: &Roofline) -> Result<(f64, f64)> {
     let Roofline { step_bytes, copy_gbs, tps: roofline_tps } = *roof;
     // A deterministic prompt of in-vocabulary ids.
     let vocab = model.hp.vocab as u32;
@@ -169,7 +171,14 @@ fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtim
     if !prof.is_empty() {
         eprintln!("DS4_PROFILE, {} decode steps:\n{prof}", a.gen);
     }
-    Ok(ss_tps)
+    Ok((n as f64 / pt, ss_tps))
+}
+
+/// The middle value (of an even count, the mean of the two in the middle).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) { (v[m - 1] + v[m]) / 2.0 } else { v[m] }
 }
 
 /// `--synthetic ds4-flash`: the real layout with its big tensors deferred (never in host

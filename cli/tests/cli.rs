@@ -99,7 +99,7 @@ fn bench_synthetic_refuses_what_it_cannot_do() {
 }
 
 /// `ds4 bench --repeat N` on the CPU: the CSV header, then N rows for each prefill length
-/// (one loaded model, a fresh session each), and the median decode rate on stderr;
+/// (one loaded model, a fresh session each), and the median rates on stderr;
 /// `--repeat 0` is refused.
 #[test]
 fn bench_repeats_each_measurement_on_one_model() {
@@ -118,6 +118,7 @@ fn bench_repeats_each_measurement_on_one_model() {
         assert!(cols[5].parse::<f64>().unwrap() > 0.0, "{row}");
     }
     assert_eq!(stderr.matches(", 3 runs: decode steady median ").count(), 2, "{stderr}");
+    assert_eq!(stderr.matches("prefill median ").count(), 2, "{stderr}");
     refuses(&["bench", "--repeat", "0", "--model"], Some(&golden("tiny-f32")), "--repeat must be at least 1");
 }
 
