@@ -214,29 +214,38 @@ fn float_types_round_trip_golden_raw() {
     }
 }
 
+/// The golden rows of file type `from`, regrouped by `regroup` into device type `to`: each
+/// de-quantizes to the golden values bit for bit, and its dot product with the golden x
+/// agrees with the file type's (to 1e-5: the same values, summed in another order). The
+/// golden raw bytes and the regrouped rows' values, for the callers' own checks.
+fn regrouped_rows_match_golden(from: GgmlType, to: GgmlType, regroup: fn(&[u8], &mut [u8]) -> Result<(), QuantError>) -> (Vec<u8>, Vec<f32>) {
+    let g = Golden::load(from).unwrap_or_else(|| panic!("no golden {from} file in {}", golden_dir().display()));
+    let (rshape, raw) = g.u8("raw");
+    let (dshape, want) = g.f32("dequant");
+    let (rows, cols, row_bytes) = (dshape[0], dshape[1], rshape[1]);
+    let x = g.f32("x").1;
+    let mut regrouped = vec![0u8; to.bytes_for(cols as u64).unwrap_or_else(|| panic!("golden {from} rows are whole {to} blocks")) as usize];
+    let mut got = vec![0f32; rows * cols];
+    for (r, row) in got.chunks_exact_mut(cols).enumerate() {
+        let src = &raw[r * row_bytes..(r + 1) * row_bytes];
+        regroup(src, &mut regrouped).unwrap();
+        quant::dequantize_row(to, &regrouped, row).unwrap();
+        for c in 0..cols {
+            assert_eq!(row[c].to_bits(), want[r * cols + c].to_bits(), "{to}: row {r} col {c}");
+        }
+        let (a, b) = (quant::dot_row(to, &regrouped, &x).unwrap(), quant::dot_row(from, src, &x).unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{to}: row {r}: dot {a} vs {from}'s {b}");
+    }
+    (raw, got)
+}
+
 /// Q8_0_R (a device layout, no golden file of its own) holds the same numbers as the Q8_0
 /// blocks it regroups: the golden Q8_0 rows, regrouped, de-quantize to the golden values
 /// bit for bit, and their dot products agree with Q8_0's.
 #[test]
 fn regrouped_q8_0_dequantizes_as_the_golden_q8_0() {
-    let g = Golden::load(GgmlType::Q8_0).unwrap_or_else(|| panic!("no golden Q8_0 file in {}", golden_dir().display()));
-    let (rshape, raw) = g.u8("raw");
-    let (dshape, want) = g.f32("dequant");
-    let (rows, cols, row_bytes) = (dshape[0], dshape[1], rshape[1]);
-    assert_eq!(cols % GgmlType::Q8_0R.block_elems(), 0, "golden Q8_0 rows are whole Q8_0_R blocks");
-    let x = g.f32("x").1;
-    let mut regrouped = vec![0u8; row_bytes];
-    let mut got = vec![0f32; cols];
-    for r in 0..rows {
-        let src = &raw[r * row_bytes..(r + 1) * row_bytes];
-        quant::regroup_q8_0(src, &mut regrouped).unwrap();
-        quant::dequantize_row(GgmlType::Q8_0R, &regrouped, &mut got).unwrap();
-        for c in 0..cols {
-            assert_eq!(got[c].to_bits(), want[r * cols + c].to_bits(), "row {r} col {c}");
-        }
-        let (a, b) = (quant::dot_row(GgmlType::Q8_0R, &regrouped, &x).unwrap(), quant::dot_row(GgmlType::Q8_0, src, &x).unwrap());
-        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "row {r}: dot {a} vs Q8_0's {b}");
-    }
+    let (raw, _) = regrouped_rows_match_golden(GgmlType::Q8_0, GgmlType::Q8_0R, quant::regroup_q8_0);
+    let mut regrouped = vec![0u8; 34 * 7];
     // Whole Q8_0_R blocks only, and the destination as long as the source.
     assert!(quant::regroup_q8_0(&raw[..34 * 7], &mut regrouped[..34 * 7]).is_err());
     assert!(quant::regroup_q8_0(&raw[..34 * 3], &mut regrouped[..34 * 3]).is_err());
@@ -466,28 +475,11 @@ fn bench_dot_row() {
 /// products agree with IQ2_XXS's.
 #[test]
 fn regrouped_iq2_xxs_dequantizes_as_the_golden_iq2_xxs() {
-    let g = Golden::load(GgmlType::Iq2Xxs).unwrap_or_else(|| panic!("no golden IQ2_XXS file in {}", golden_dir().display()));
-    let (rshape, raw) = g.u8("raw");
-    let (dshape, want) = g.f32("dequant");
-    let (rows, cols, row_bytes) = (dshape[0], dshape[1], rshape[1]);
-    let x = g.f32("x").1;
-    let r_bytes = GgmlType::Iq2XxsR.bytes_for(cols as u64).unwrap() as usize;
-    let mut regrouped = vec![0u8; r_bytes];
-    let mut got = vec![0f32; cols];
-    let mut negatives = 0;
-    for r in 0..rows {
-        let src = &raw[r * row_bytes..(r + 1) * row_bytes];
-        quant::regroup_iq2_xxs(src, &mut regrouped).unwrap();
-        quant::dequantize_row(GgmlType::Iq2XxsR, &regrouped, &mut got).unwrap();
-        for c in 0..cols {
-            assert_eq!(got[c].to_bits(), want[r * cols + c].to_bits(), "row {r} col {c}");
-        }
-        negatives += got.iter().filter(|v| v.is_sign_negative() && **v != 0.0).count();
-        let (a, b) = (quant::dot_row(GgmlType::Iq2XxsR, &regrouped, &x).unwrap(), quant::dot_row(GgmlType::Iq2Xxs, src, &x).unwrap());
-        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "row {r}: dot {a} vs IQ2_XXS's {b}");
-    }
-    assert!(negatives > rows * cols / 4, "the golden rows exercise the signs ({negatives} negatives)");
+    let (raw, got) = regrouped_rows_match_golden(GgmlType::Iq2Xxs, GgmlType::Iq2XxsR, quant::regroup_iq2_xxs);
+    let negatives = got.iter().filter(|v| v.is_sign_negative() && **v != 0.0).count();
+    assert!(negatives > got.len() / 4, "the golden rows exercise the signs ({negatives} negatives)");
     // Whole IQ2_XXS blocks only, and a destination of 72 bytes a block.
+    let mut regrouped = vec![0u8; 72];
     assert!(quant::regroup_iq2_xxs(&raw[..65], &mut regrouped[..72]).is_err());
     assert!(quant::regroup_iq2_xxs(&raw[..66], &mut regrouped[..66]).is_err());
     assert!(quant::regroup_iq2_xxs(&raw[..66], &mut regrouped[..72]).is_ok());

@@ -168,15 +168,8 @@ pub fn can_quantize(t: GgmlType) -> bool {
 /// Q8_0 bytes regrouped into the Q8_0_R device layout (`quant/q8_0_r.rs`): `src` and `dst`
 /// the same length, a whole number of Q8_0_R blocks (4 Q8_0 blocks).
 pub fn regroup_q8_0(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
-    let unit = GgmlType::Q8_0R.block_bytes();
-    if !src.len().is_multiple_of(unit) {
-        return Err(QuantError::PartialBlockBytes { ty: GgmlType::Q8_0R, bytes: src.len(), block_bytes: unit });
-    }
-    if dst.len() != src.len() {
-        return Err(QuantError::BytesMismatch { ty: GgmlType::Q8_0R, got: dst.len(), want: src.len(), blocks: src.len() / unit });
-    }
-    super::q8_0_r::regroup(src, dst);
-    Ok(())
+    let unit = (GgmlType::Q8_0R, GgmlType::Q8_0R.block_bytes());
+    regroup_units(src, unit, dst, unit, super::q8_0_r::regroup)
 }
 
 pub use super::iq2_xxs_r::sign_bit as iq2_xxs_r_sign_bit;
@@ -184,14 +177,20 @@ pub use super::iq2_xxs_r::sign_bit as iq2_xxs_r_sign_bit;
 /// IQ2_XXS bytes regrouped into the IQ2_XXS_R device layout (`quant/iq2_xxs_r.rs`): `src`
 /// whole IQ2_XXS blocks (66 bytes), `dst` 72 bytes for each.
 pub fn regroup_iq2_xxs(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
-    let (from, to) = (GgmlType::Iq2Xxs.block_bytes(), GgmlType::Iq2XxsR.block_bytes());
-    if !src.len().is_multiple_of(from) {
-        return Err(QuantError::PartialBlockBytes { ty: GgmlType::Iq2Xxs, bytes: src.len(), block_bytes: from });
+    let (from, to) = (GgmlType::Iq2Xxs, GgmlType::Iq2XxsR);
+    regroup_units(src, (from, from.block_bytes()), dst, (to, to.block_bytes()), super::iq2_xxs_r::regroup)
+}
+
+/// `regroup` of `src`, whole units of `from.1` bytes (of type `from.0`), into `dst`, `to.1`
+/// bytes (of type `to.0`) for each: the lengths checked first.
+fn regroup_units(src: &[u8], from: (GgmlType, usize), dst: &mut [u8], to: (GgmlType, usize), regroup: fn(&[u8], &mut [u8])) -> Result<(), QuantError> {
+    if !src.len().is_multiple_of(from.1) {
+        return Err(QuantError::PartialBlockBytes { ty: from.0, bytes: src.len(), block_bytes: from.1 });
     }
-    let blocks = src.len() / from;
-    if dst.len() != blocks * to {
-        return Err(QuantError::BytesMismatch { ty: GgmlType::Iq2XxsR, got: dst.len(), want: blocks * to, blocks });
+    let blocks = src.len() / from.1;
+    if dst.len() != blocks * to.1 {
+        return Err(QuantError::BytesMismatch { ty: to.0, got: dst.len(), want: blocks * to.1, blocks });
     }
-    super::iq2_xxs_r::regroup(src, dst);
+    regroup(src, dst);
     Ok(())
 }

@@ -12,12 +12,12 @@
 //! words are one aligned 8-byte load, and the signs are laid out for the kernel's byte
 //! permute: half-entry e (weights 4(e % 2) .. 4(e % 2) + 3 of grid entry e / 2) has the
 //! sign of its weight b at bit 16(e / 4) + 4b + e % 4, so a shift puts its four signs at
-//! bit 2 of four nibbles, which then pick a magnitude or its negation. Six of the 72 bytes are new, +9% bytes for ~22%
-//! less time (H200, six picks of 2048 × 4096 standalone, 22.8 → 17.7 µs, bench/RESULTS.md).
+//! bit 2 of four nibbles, which then pick a magnitude or its negation. Six of the 72 bytes
+//! are new, +9% bytes for ~22% less time (H200, six picks of 2048 × 4096 standalone, 22.8 →
+//! 17.7 µs, bench/RESULTS.md).
 //! The CUDA backend regroups IQ2_XXS tensors when it uploads them
 //! (`ds4_codegen::quant::device_type`, `regroup_iq2_xxs`).
 use super::iq2_xxs::{self, GRID_BYTES};
-use half::f16;
 
 ds4_macros::quant_type! {
     ggml: Iq2XxsR,
@@ -46,22 +46,13 @@ ds4_macros::quant_type! {
     quantize: quantize_block,
 }
 
-/// Bytes a block of each layout.
-const FROM: usize = 66;
-const TO: usize = 72;
-
 /// IQ2_XXS's quantizer, regrouped.
 fn quantize_block(x: &[f32; 256]) -> Block {
-    let b = iq2_xxs::quantize_block(x);
-    let mut from = [0u8; FROM];
-    from[..2].copy_from_slice(&b.d.to_le_bytes());
-    for (i, q) in b.qs.iter().enumerate() {
-        from[2 + 4 * i..6 + 4 * i].copy_from_slice(&q.to_le_bytes());
-    }
-    let mut to = [0u8; TO];
+    let mut from = [0u8; iq2_xxs::BLOCK_BYTES];
+    iq2_xxs::quantize_block(x).write(&mut from);
+    let mut to = [0u8; BLOCK_BYTES];
     regroup_block(&from, &mut to);
-    let word = |at: usize| u32::from_le_bytes(to[at..at + 4].try_into().expect("4 bytes"));
-    Block { sc: word(0), d: f16::from_le_bytes([to[4], to[5]]), pad: 0, qs: std::array::from_fn(|i| word(8 + 4 * i)) }
+    Block::read(&to)
 }
 
 /// The bit of a group's sign word that holds the sign of weight `j` (0..8) of its grid
@@ -114,7 +105,7 @@ fn regroup_block(from: &[u8], to: &mut [u8]) {
 
 /// IQ2_XXS bytes (`src`, whole blocks) into IQ2_XXS_R (`dst`, 72 bytes for each 66).
 pub fn regroup(src: &[u8], dst: &mut [u8]) {
-    for (from, to) in src.chunks_exact(FROM).zip(dst.chunks_exact_mut(TO)) {
+    for (from, to) in src.chunks_exact(iq2_xxs::BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
         regroup_block(from, to);
     }
 }
