@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
     /// Measure each prefill length (with its decode) this many times on the one loaded
-    /// model: a CSV row each, and the median decode rate on stderr. Runs of one binary
+    /// model: a CSV row each, and the median rates on stderr. Runs of one binary
     /// vary by more than a change measured one run apart (a lease's noise:
     /// bench/RESULTS.md), while a load costs tens of seconds on a full-size file.
     #[arg(long, default_value_t = 1)]
@@ -114,7 +114,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
 /// Weight bytes a decoded token reads, the copy bandwidth, and the decode rate that
 /// bandwidth gives those bytes.
-#[derive(Clone, Copy)]
 struct Roofline {
     step_bytes: u64,
     copy_gbs: f64,
@@ -124,14 +123,13 @@ struct Roofline {
 /// One measurement of a prefill of `n` tokens and `a.gen` decode steps on a fresh session:
 /// its CSV row printed, its prefill and steady decode rates returned.
 fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtime::cuda::CudaBackend>>, n: usize, roof: &Roofline) -> Result<(f64, f64)> {
-    let Roofline { step_bytes, copy_gbs, tps: roofline_tps } = *roof;
     // A deterministic prompt of in-vocabulary ids.
     let vocab = model.hp.vocab as u32;
     let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 1) % vocab).collect();
     let mut s = AnySession::on(model, cuda, SessionOptions::default());
     let t0 = Instant::now();
     let logits = s.prefill_last(&ids, a.chunk)?;
-    let pt = t0.elapsed().as_secs_f64();
+    let prefill_tps = n as f64 / t0.elapsed().as_secs_f64();
     let next = ds4_runtime::sample::argmax(&logits) as u32;
     let first_token = t0.elapsed().as_secs_f64();
     let prof = ds4_runtime::cuda::profile::report();
@@ -155,23 +153,23 @@ fn measure(a: &BenchArgs, model: &Model, cuda: Option<&std::sync::Arc<ds4_runtim
         "{},{},{:.1},{},{:.2},{:.2},{:.3},{},{},{:.0},{:.1},{:.4},{}",
         n + a.gen,
         n,
-        n as f64 / pt,
+        prefill_tps,
         a.gen,
         gen_tps,
         ss_tps,
         first_token,
         s.state_bytes(),
-        step_bytes,
-        copy_gbs,
-        roofline_tps,
-        ss_tps / roofline_tps,
+        roof.step_bytes,
+        roof.copy_gbs,
+        roof.tps,
+        ss_tps / roof.tps,
         rayon::current_num_threads()
     );
     let prof = ds4_runtime::cuda::profile::report();
     if !prof.is_empty() {
         eprintln!("DS4_PROFILE, {} decode steps:\n{prof}", a.gen);
     }
-    Ok((n as f64 / pt, ss_tps))
+    Ok((prefill_tps, ss_tps))
 }
 
 /// The middle value (of an even count, the mean of the two in the middle).

@@ -181,6 +181,19 @@ pub fn regroup_iq2_xxs(src: &[u8], dst: &mut [u8]) -> Result<(), QuantError> {
     regroup_units(src, (from, from.block_bytes()), dst, (to, to.block_bytes()), super::iq2_xxs_r::regroup)
 }
 
+/// A regroup of a file type's bytes into a device layout (`regroup_q8_0`, `regroup_iq2_xxs`).
+pub type Regroup = fn(&[u8], &mut [u8]) -> Result<(), QuantError>;
+
+/// The file type that device layout `ty` is regrouped from, and the regroup; None for a
+/// type that is no device layout.
+pub fn regrouped_from(ty: GgmlType) -> Option<(GgmlType, Regroup)> {
+    match ty {
+        GgmlType::Q8_0R => Some((GgmlType::Q8_0, regroup_q8_0)),
+        GgmlType::Iq2XxsR => Some((GgmlType::Iq2Xxs, regroup_iq2_xxs)),
+        _ => None,
+    }
+}
+
 /// `regroup` of `src`, whole units of `from.1` bytes (of type `from.0`), into `dst`, `to.1`
 /// bytes (of type `to.0`) for each: the lengths checked first.
 fn regroup_units(src: &[u8], from: (GgmlType, usize), dst: &mut [u8], to: (GgmlType, usize), regroup: fn(&[u8], &mut [u8])) -> Result<(), QuantError> {

@@ -28,7 +28,8 @@ mod api;
 
 pub use acts::{dot_row_fast, has_fast_kernel, quantize_activations, simd_level, QuantActs};
 pub use api::{
-    can_quantize, cpu, dequantize_row, dot_row, iq2_xxs_r_sign_bit, quantize_row, regroup_iq2_xxs, regroup_q8_0, spec, supported, QuantError,
+    can_quantize, cpu, dequantize_row, dot_row, iq2_xxs_r_sign_bit, quantize_row, regroup_iq2_xxs, regroup_q8_0, regrouped_from, spec, supported, QuantError,
+    Regroup,
 };
 pub use expr::{BinOp, Expr, Level, Ty, UnOp};
 pub use spec::{Field, Let, QuantSpec, Table, TableData};

@@ -14,6 +14,7 @@ use super::device::{CudaError, Device, DeviceBuf};
 use crate::weights::Weights;
 use ds4_codegen::Target;
 use ds4_ir::{GgmlType, Graph, Op};
+use ds4_ir::quant::Regroup;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -182,16 +183,13 @@ fn device_bytes(w: &crate::weights::WeightView, ty: GgmlType) -> usize {
     (rows * ty.bytes_for(row_len).unwrap_or(0)) as usize
 }
 
-/// How a file's bytes become device layout `ty`: the regroup, and the file's bytes for one
-/// block of `ty` (Q8_0_R: two Q8_0 blocks, the same 68 bytes; IQ2_XXS_R: one IQ2_XXS
-/// block, 66 bytes, where it has 72). None for a type that is no device layout.
-type Regroup = fn(&[u8], &mut [u8]) -> Result<(), ds4_ir::quant::QuantError>;
+/// How a file's bytes become device layout `ty` (`ds4_ir::quant::regrouped_from`): the
+/// regroup, and the file's bytes for one block of `ty` (Q8_0_R: two Q8_0 blocks, the same
+/// 68 bytes; IQ2_XXS_R: one IQ2_XXS block, 66 bytes, where it has 72). None for a type
+/// that is no device layout.
 fn regroup_of(ty: GgmlType) -> Option<(Regroup, usize)> {
-    match ty {
-        GgmlType::Q8_0R => Some((ds4_ir::quant::regroup_q8_0, 2 * GgmlType::Q8_0.block_bytes())),
-        GgmlType::Iq2XxsR => Some((ds4_ir::quant::regroup_iq2_xxs, GgmlType::Iq2Xxs.block_bytes())),
-        _ => None,
-    }
+    let (file, regroup) = ds4_ir::quant::regrouped_from(ty)?;
+    Some((regroup, ty.block_elems() / file.block_elems() * file.block_bytes()))
 }
 
 /// `src` (whole blocks of a file's type, `from` bytes to each block of `ty`) into `dst` by

@@ -468,7 +468,7 @@ impl GpuExecutor<'_> {
                 let s = nv.fs(0)?;
                 GVal::F(DevSlice { buf: s.buf.clone(), off: s.off + s.len - n_out, len: n_out })
             }
-            Op::Reshape { .. } => match nv.vals.get(&nv.ins[0].index()) {
+            Op::Reshape { .. } => match nv.value(0) {
                 Some(GVal::F(s)) => GVal::F(s.clone()),
                 Some(GVal::I(s)) => GVal::I(s.clone()),
                 _ => return Err(ExecError::Internal(format!("{}: reshape of a non-activation", nv.label))),

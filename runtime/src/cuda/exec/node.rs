@@ -55,11 +55,21 @@ impl<'r> NodeView<'r> {
         s.iter().product::<usize>() / s.last().copied().unwrap_or(1).max(1)
     }
 
+    /// Input `i`'s value, if it has one yet.
+    pub fn value(&self, i: usize) -> Option<&'r GVal> {
+        self.vals.get(&self.ins[i].index())
+    }
+
+    /// The error for input `i` not being `what` the node needs.
+    fn not_a(&self, i: usize, what: &str) -> ExecError {
+        ExecError::Internal(format!("{}: input {i} is not {what}", self.label))
+    }
+
     /// Input `i`'s float value.
     pub fn fs(&self, i: usize) -> Result<&'r DevSlice, ExecError> {
-        match self.vals.get(&self.ins[i].index()) {
+        match self.value(i) {
             Some(GVal::F(s)) => Ok(s),
-            _ => Err(ExecError::Internal(format!("{}: input {i} is not a float value", self.label))),
+            _ => Err(self.not_a(i, "a float value")),
         }
     }
 
@@ -70,9 +80,9 @@ impl<'r> NodeView<'r> {
 
     /// Input `i`'s i32 value.
     pub fn is(&self, i: usize) -> Result<&'r DevSlice, ExecError> {
-        match self.vals.get(&self.ins[i].index()) {
+        match self.value(i) {
             Some(GVal::I(s)) => Ok(s),
-            _ => Err(ExecError::Internal(format!("{}: input {i} is not an i32 value", self.label))),
+            _ => Err(self.not_a(i, "an i32 value")),
         }
     }
 
@@ -83,18 +93,18 @@ impl<'r> NodeView<'r> {
 
     /// Input `i`'s weight tensor.
     pub fn w(&self, i: usize) -> Result<&'r DeviceTensor, ExecError> {
-        match self.vals.get(&self.ins[i].index()) {
+        match self.value(i) {
             Some(GVal::W(name)) => Ok(self.weights.tensor(name)?),
-            _ => Err(ExecError::Internal(format!("{}: input {i} is not a weight", self.label))),
+            _ => Err(self.not_a(i, "a weight")),
         }
     }
 
     /// A small float parameter: an activation or a weight kept as an f32 vector.
     pub fn vecf(&self, i: usize) -> Result<Arg, ExecError> {
-        match self.vals.get(&self.ins[i].index()) {
+        match self.value(i) {
             Some(GVal::F(s)) => Ok(Arg::Ptr(s.ptr())),
             Some(GVal::W(name)) => Ok(Arg::Ptr(self.weights.vector(name)?.ptr)),
-            _ => Err(ExecError::Internal(format!("{}: input {i} has no value", self.label))),
+            _ => Err(self.not_a(i, "a float value or a weight")),
         }
     }
 
