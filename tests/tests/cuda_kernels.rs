@@ -747,8 +747,7 @@ fn digits_down_matches_the_f64_product() {
 /// one warp, as the runtime runs it for k ≤ 32): the same picks and the same weights, bit
 /// for bit; 1 to 3 tokens, 8 to 2000 experts (up to `SELECT_MAX_N` selected by one warp:
 /// 8 and 256 from keys in its registers, 300 on shared memory; 2000 sorted by the block),
-/// 1 to 32 picks, normalized or not; `router_select_digits`
-/// against it and `x_digits`.
+/// 1 to 32 picks, normalized or not; `router_select_digits` against it and `x_digits`.
 #[test]
 fn router_select_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
