@@ -336,7 +336,9 @@ pub(crate) fn own_entry_unwaited(name: &str, bounds: &str, params: &[crate::quan
 
 /// Op kernel `op`'s IR helpers (`ds4_ir::kernels`) for a kernel written as CUDA text, with
 /// the `usize` they may name declared (C++ takes the same typedef again): how a text kernel
-/// takes an op's arithmetic instead of restating it.
+/// takes an op's arithmetic instead of restating it. The dialect renders helpers alike for
+/// every sm (only a kernel's header names it), so the text kernels without a target take
+/// these too.
 pub(crate) fn text_helpers(op: &str) -> String {
     format!("typedef unsigned long long usize;\n{}", crate::render::op_helpers(&Cuda { sm: 90 }, op))
 }
