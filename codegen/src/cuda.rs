@@ -311,6 +311,20 @@ __device__ __forceinline__ void ds4_cp_wait() {
 /// its predecessor has, so the order holds along the whole chain.
 pub(crate) const GRID_WAIT: &str = "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
 
+/// The opening of a branch that holds loads a kernel issues before its [`GRID_WAIT`]
+/// (weights no kernel writes), `cond` a condition the kernel's parameters make true.
+/// Without it ptxas schedules the wait (`ACQBULK`) above straight-line loads, which it may
+/// (the wait orders only what follows it): `hc_pre`'s "early" loads were issued after the
+/// wait and overlapped nothing (CUDA 13, sm_90, seen in the SASS, twenty-sixth stop). It
+/// does not move the wait above a branch that comes before it. Close with
+/// [`BEFORE_WAIT_CLOSE`]; what the branch loads must be right whether or not it runs.
+pub(crate) fn before_wait_open(cond: &str) -> String {
+    format!("    if ({cond}) {{\n")
+}
+
+/// The end of [`before_wait_open`]'s branch.
+pub(crate) const BEFORE_WAIT_CLOSE: &str = "    }\n";
+
 /// Where a kernel's blocks have done their reads of weights and are left with their
 /// sums and stores: let the kernel after it in a decode step's graph launch now (its
 /// blocks then wait in [`GRID_WAIT`] until this kernel has finished and its writes are

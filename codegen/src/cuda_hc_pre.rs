@@ -191,11 +191,13 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     // graph the kernel before this one lets it start while its last blocks add and store.
     uint2 w_first[{PREFETCH}];
     #pragma unroll
+    for (unsigned int j = 0; j < {PREFETCH}u; j++) w_first[j] = make_uint2(0u, 0u);
+{guard_open}    #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
         const unsigned int i = threadIdx.x + j * blockDim.x;
-        w_first[j] = i < n4 ? __ldg(wr + i) : make_uint2(0u, 0u);
+        if (i < n4) w_first[j] = __ldg(wr + i);
     }}
-{wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
+{guard_close}{wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
     // The first loads stay in registers for the collapse (`held`, below).
     float ss_part = 0.0f, dot_part = 0.0f;
     float4 xr[{PREFETCH}];
@@ -289,6 +291,8 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
 "#,
         entry = crate::cuda::own_entry_unwaited(NAME, &THREADS.to_string(), &params()),
         wait = crate::cuda::GRID_WAIT,
+        guard_open = crate::cuda::before_wait_open("n4 != 0u"),
+        guard_close = crate::cuda::BEFORE_WAIT_CLOSE,
         PREFETCH = 4
     ));
     s
@@ -315,4 +319,14 @@ mod tests {
         assert!(!fits(4, 4096, 0) && !fits(4, 4096, MAX_TOKENS + 1) && !fits(6, 4096, 1) && !fits(4, 4098, 1));
     }
 
+    /// The first weights' loads sit in a branch of their own ahead of the wait: straight-line
+    /// loads ptxas issued after it (`cuda::before_wait_open`).
+    #[test]
+    fn first_weights_load_in_a_branch_before_the_wait() {
+        let src = source();
+        let (open, wait) = (src.find("    if (n4 != 0u) {").unwrap(), src.find("griddepcontrol.wait").unwrap());
+        let load = src.find("w_first[j] = __ldg(wr + i);").unwrap();
+        let close = open + src[open..].find(crate::cuda::BEFORE_WAIT_CLOSE).unwrap();
+        assert!(open < load && load < close && close < wait, "the loads are not in a branch before the wait");
+    }
 }
