@@ -6,10 +6,9 @@
 //! experts that the integer down projection makes (`moe_add`); the RoPE that the attention
 //! merge makes (`attention_rope`: the inverse RoPE of the attention's output); the
 //! hyper-connection expand that the launch making its y makes (`expand`:
-//! `ds4_codegen::cuda_hc_expand`); and each
-//! RoPE node's
-//! frequency table key (the RoPE frequencies' f32 bits, which the backend's upload cache
-//! is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
+//! `ds4_codegen::cuda_hc_expand`); the mat-vecs that may take the digits a weighted norm's
+//! launch makes of its output (`norm_matmuls`); each RoPE node's frequency table key (the
+//! RoPE frequencies' f32 bits, which the backend's upload cache is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
 //! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
 //! add), the attention query's beside its KV, compressor and indexer (joined at the
 //! attention), a CSA layer's indexer query beside its KV row and compressors (joined at
@@ -40,6 +39,9 @@ pub struct FusionPlan {
     joins: std::collections::HashSet<usize>,
     /// Top-k nodes whose picks may come in row order (`rows_top_k`).
     rows_top_k: std::collections::HashSet<usize>,
+    /// The MatMul nodes that read a weighted norm's output as their x, by norm: the
+    /// mat-vecs that may take the digits the norm's launch makes (`norm_matmuls`).
+    norm_matmuls: HashMap<usize, Vec<NodeId>>,
     /// The order a step runs the nodes in, with its selections (`run_order`) and where
     /// it skips them (`crate::all_rows`: the graph's order).
     selecting: Schedule,
@@ -83,6 +85,12 @@ impl FusionPlan {
             let i = id.index();
             match &g.node(id).op {
                 Op::RmsNormPlain { .. } | Op::RmsNorm { .. } => {
+                    if matches!(g.node(id).op, Op::RmsNorm { .. }) {
+                        let readers: Vec<NodeId> = g.consumers(id).into_iter().filter(|&c| matches!(g.node(c).op, Op::MatMul) && g.inputs(c)[0] == id).collect();
+                        if !readers.is_empty() {
+                            plan.norm_matmuls.insert(i, readers);
+                        }
+                    }
                     // A plain norm is tried as a pre chain first (the executor's order).
                     match hc_pre::chain_at(g, id) {
                         Some(c) => {
@@ -178,6 +186,11 @@ impl FusionPlan {
     /// The selections a run may skip where they are every row (`crate::all_rows`).
     pub fn all_rows(&self) -> &crate::all_rows::AllRows {
         &self.all_rows
+    }
+
+    /// The MatMul nodes that read weighted norm `norm`'s output as their x (none: empty).
+    pub fn norm_matmuls(&self, norm: NodeId) -> &[NodeId] {
+        self.norm_matmuls.get(&norm.index()).map_or(&[], Vec::as_slice)
     }
 
     pub fn hc_pre(&self, norm: NodeId) -> Option<&HcPreChain> {
@@ -399,7 +412,7 @@ mod tests {
         let g = &model.graph;
         let plan = FusionPlan::of(g);
         let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands, mut indexed) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-        let mut ffn_pre = 0;
+        let (mut ffn_pre, mut norm_matmuls, mut q_norms) = (0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -453,6 +466,14 @@ mod tests {
                 assert!(matches!(g.node(e).op, Op::HcExpand { .. }) && g.inputs(e)[0] == id, "{}", g.node(id).label);
                 expands += 1;
             }
+            // A weighted norm's mat-vecs: every MatMul that reads it as its x, no other.
+            let want: Vec<NodeId> = if matches!(g.node(id).op, Op::RmsNorm { .. }) { g.consumers(id).into_iter().filter(|&c| matches!(g.node(c).op, Op::MatMul) && g.inputs(c)[0] == id).collect() } else { Vec::new() };
+            assert_eq!(plan.norm_matmuls(id), want.as_slice(), "{}", g.node(id).label);
+            norm_matmuls += want.len();
+            if matches!(g.node(id).op, Op::RmsNorm { .. }) && g.node(id).label.ends_with("q_a.norm") {
+                assert!(want.iter().any(|&c| g.node(c).label.contains("q_b")), "{}: q_b reads the query's norm", g.node(id).label);
+                q_norms += 1;
+            }
             pre += plan.hc_pre(id).is_some() as usize;
             nr += plan.norm_rope(id).is_some() as usize;
             rt += plan.router(id).is_some() as usize;
@@ -463,6 +484,7 @@ mod tests {
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert_eq!(expands, 2 * model.hp.n_layer, "an expand after every sublayer, at its y");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");
+        assert!(q_norms == model.hp.n_layer && norm_matmuls >= q_norms, "each layer's q_b after its query's norm: {q_norms} norms, {norm_matmuls} mat-vecs");
         assert!(side >= 3 * model.hp.n_layer, "the shared expert's gate, up, SwiGLU and down on the side branch: {side}");
         assert!(query >= 2 * model.hp.n_layer, "the query's q_b, norm and RoPE on the side branch: {query}");
         let csa = model.hp.compress_ratios.iter().filter(|&&r| r == 4).count();

@@ -72,11 +72,12 @@ impl GpuExecutor<'_> {
         if !cuda_digits::norm_digits_fits(n_out / n.max(1), n) || switched_off!("DS4_NORM_DIGITS") || !self.digits_dense_on() || !self.kernels.by_name.contains_key(name) {
             return Ok(None);
         }
-        let takes_digits = |c: ds4_ir::NodeId| {
+        // A mat-vec reading the norm (`norm_matmuls`) whose weight the digits kernel takes.
+        let takes_digits = |&c: &ds4_ir::NodeId| {
             let Ok(t) = weight_of(self.graph, c).and_then(|w| Ok(self.weights.tensor(&w)?)) else { return false };
-            matches!(self.graph.node(c).op, Op::MatMul) && self.graph.inputs(c)[0] == id && cuda_digits::dense_fits(t.ty, t.ne[1] as usize, n, 1, 1, 1, 1, false, false)
+            cuda_digits::dense_fits(t.ty, t.ne[1] as usize, n, 1, 1, 1, 1, false, false)
         };
-        if !self.graph.consumers(id).into_iter().any(takes_digits) {
+        if !self.plan.norm_matmuls(id).iter().any(takes_digits) {
             return Ok(None);
         }
         let out = self.dev.alloc(n * 4)?;
