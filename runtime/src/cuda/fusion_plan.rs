@@ -7,7 +7,8 @@
 //! merge makes (`attention_rope`: the inverse RoPE of the attention's output); the
 //! hyper-connection expand that the launch making its y makes (`expand`:
 //! `ds4_codegen::cuda_hc_expand`); the mat-vecs that may take the digits a weighted norm's
-//! launch makes of its output (`norm_matmuls`); each RoPE node's frequency table key (the
+//! launch makes of its output (`norm_matmuls`); where a Sinkhorn left out of an
+//! `hc_pre` launch goes (`comb_at`); each RoPE node's frequency table key (the
 //! RoPE frequencies' f32 bits, which the backend's upload cache is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
 //! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
 //! add), the attention query's beside its KV, compressor and indexer (joined at the
@@ -42,6 +43,9 @@ pub struct FusionPlan {
     /// The MatMul nodes that read a weighted norm's output as their x, by norm: the
     /// mat-vecs that may take the digits the norm's launch makes (`norm_matmuls`).
     norm_matmuls: HashMap<usize, Vec<NodeId>>,
+    /// The routed experts and expand nodes: where a pending Sinkhorn goes at the latest
+    /// (`comb_at`).
+    comb_latest: std::collections::HashSet<usize>,
     /// The order a step runs the nodes in, with its selections (`run_order`) and where
     /// it skips them (`crate::all_rows`: the graph's order).
     selecting: Schedule,
@@ -61,6 +65,18 @@ pub enum Branch {
     /// A CSA layer's indexer query (its projection, RoPE and Hadamard) beside the KV row
     /// and the compressors.
     IndexerQuery,
+}
+
+/// Where a Sinkhorn that an `hc_pre` launch left out of its grid may be launched (the
+/// executor's `CombHome`), at a node of the step: only the sublayer's expand reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CombAt {
+    /// A node on the shared expert's branch: the FFN's Sinkhorn, kept for that lane,
+    /// launches at its head (the lane waits for the routed experts' down anyway).
+    SharedExpertLane,
+    /// The routed experts (whose down makes the expand that reads the FFN's mix) or an
+    /// expand: any Sinkhorn still pending launches here at the latest.
+    Latest,
 }
 
 /// An order to run a graph's nodes in, and each node's last use in it.
@@ -141,6 +157,7 @@ impl FusionPlan {
                     indexer_queries.push(nodes);
                 }
                 Op::HcExpand { .. } => {
+                    plan.comb_latest.insert(i);
                     // Its streams and mix are made before its y (graph order is node
                     // order), so the launch making y has them.
                     let ins = g.inputs(id);
@@ -149,6 +166,7 @@ impl FusionPlan {
                     }
                 }
                 Op::MoeExperts { .. } => {
+                    plan.comb_latest.insert(i);
                     if let Some(a) = moe_add_at(g, id) {
                         plan.moe_add.insert(i, a);
                         // The shared expert: what the add's other input needs that the
@@ -186,6 +204,17 @@ impl FusionPlan {
     /// The selections a run may skip where they are every row (`crate::all_rows`).
     pub fn all_rows(&self) -> &crate::all_rows::AllRows {
         &self.all_rows
+    }
+
+    /// Where a pending Sinkhorn may launch at node `id` ([`CombAt`]), if anywhere.
+    pub fn comb_at(&self, id: NodeId) -> Option<CombAt> {
+        if self.comb_latest.contains(&id.index()) {
+            Some(CombAt::Latest)
+        } else if self.side(id) == Some(Branch::SharedExpert) {
+            Some(CombAt::SharedExpertLane)
+        } else {
+            None
+        }
     }
 
     /// The MatMul nodes that read weighted norm `norm`'s output as their x (none: empty).
@@ -466,6 +495,11 @@ mod tests {
                 assert!(matches!(g.node(e).op, Op::HcExpand { .. }) && g.inputs(e)[0] == id, "{}", g.node(id).label);
                 expands += 1;
             }
+            // Where a pending Sinkhorn may go: the routed experts and the expands at the
+            // latest, the shared expert's lane at its head.
+            let latest = matches!(g.node(id).op, Op::MoeExperts { .. } | Op::HcExpand { .. });
+            let want_comb = if latest { Some(CombAt::Latest) } else { (plan.side(id) == Some(Branch::SharedExpert)).then_some(CombAt::SharedExpertLane) };
+            assert_eq!(plan.comb_at(id), want_comb, "{}", g.node(id).label);
             // A weighted norm's mat-vecs: every MatMul that reads it as its x, no other.
             let want: Vec<NodeId> = if matches!(g.node(id).op, Op::RmsNorm { .. }) { g.consumers(id).into_iter().filter(|&c| matches!(g.node(c).op, Op::MatMul) && g.inputs(c)[0] == id).collect() } else { Vec::new() };
             assert_eq!(plan.norm_matmuls(id), want.as_slice(), "{}", g.node(id).label);

@@ -28,7 +28,7 @@ use super::compile::{Kernels, Loaded, ParamSig};
 use super::profile;
 use super::device::{launch, Arg, CudaError, DevSlice, Device, DeviceBuf, MappedI32};
 use super::device_log::DeviceLog;
-use super::fusion_plan::{self, Branch, FusionPlan};
+use super::fusion_plan::{self, Branch, CombAt, FusionPlan};
 use super::x_parts::{self, XParts};
 use super::placement::{DeviceTensor, DeviceWeights};
 use crate::exec::ExecError;
@@ -402,15 +402,17 @@ impl GpuExecutor<'_> {
             // The shared expert and the attention's query on side branches of the step's
             // graph, joined where their output is read.
             self.lane_for(id, &ins)?;
-            // The Sinkhorn an `hc_pre` left (`CombHome`): the FFN's first on the shared
-            // expert's lane; any before the routed experts (whose down makes the expand
-            // that reads the FFN's) or an expand at the latest (a launch that makes the
-            // expand launches it first: `expand_to`).
-            let home = self.comb_pending.borrow().as_ref().map(|p| p.home);
-            let op = &g.node(id).op;
-            if (home == Some(CombHome::SharedExpert) && self.lane_of(id) == Some(Branch::SharedExpert)) || matches!(op, Op::MoeExperts { .. } | Op::HcExpand { .. }) {
+            // The Sinkhorn an `hc_pre` left (`CombHome`) where the plan puts it (`CombAt`;
+            // a launch that makes an expand launches it first too: `expand_to`).
+            let due = match self.plan.comb_at(id) {
+                Some(CombAt::Latest) => true,
+                Some(CombAt::SharedExpertLane) => self.comb_pending.borrow().as_ref().is_some_and(|p| p.home == CombHome::SharedExpert),
+                None => false,
+            };
+            if due {
                 self.launch_comb()?;
             }
+            let op = &g.node(id).op;
             let t_node = profile::start(self.dev)?;
             let value = {
                 let nv = NodeView::new(g, id, &ins, bind, &vals, self.weights);
