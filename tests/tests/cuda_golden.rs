@@ -63,6 +63,7 @@ fn run_prompt_cuda<'m>(b: &Arc<CudaBackend<'m>>, tokens: &[u32], ref_greedy: &[u
     PromptRun { logits: logits.iter().map(|&v| v as f64).collect(), greedy, step_logits }
 }
 
+/// The plain graph on CUDA vs `reference_plain`, within `assert_plain_parity`'s bounds.
 fn plain_parity(name: &str) {
     if skip() {
         return;
@@ -70,25 +71,11 @@ fn plain_parity(name: &str) {
     let model = load(name);
     let b = CudaBackend::new(&model, &CudaOptions::default()).unwrap();
     let r = load_reference(name, true).unwrap();
-    let vocab = model.hp.vocab;
-    for p in prompts(&r) {
-        let tokens = r[&format!("{p}.tokens")].as_ids();
-        let ref_logits = &r[&format!("{p}.logits")].data;
-        let ref_greedy = r[&format!("{p}.greedy_tokens")].as_ids();
-        let ref_steps = &r[&format!("{p}.greedy_step_logits")].data;
-        let run = run_prompt_cuda(&b, &tokens, &ref_greedy, true);
-        let sd = std_dev(ref_logits);
-        let d = max_abs_diff(&run.logits, ref_logits);
-        let (same, rows) = argmax_agreement(&run.logits, ref_logits, vocab);
-        let ds = max_abs_diff(&run.step_logits, ref_steps);
-        println!("cuda {name} plain {p}: T={} max|Δ|={d:.3e} ({:.2e}·std) argmax {same}/{rows} steps max|Δ|={ds:.3e} greedy {:?}", tokens.len(), d / sd, run.greedy == ref_greedy);
-        assert!(d <= 1e-3 * sd, "{name} {p}: max |Δlogit| {d} > 1e-3·std {}", 1e-3 * sd);
-        assert_eq!(same, rows, "{name} {p}: arg-max differs at {} positions", rows - same);
-        assert_eq!(run.greedy, ref_greedy, "{name} {p}: greedy ids differ");
-        assert!(ds <= 1e-3 * std_dev(ref_steps), "{name} {p}: decode-step max |Δ| {ds} > 1e-3·std");
-    }
+    assert_plain_parity(&format!("cuda {name}"), &r, model.hp.vocab, |tokens, greedy| run_prompt_cuda(&b, tokens, greedy, true));
 }
 
+/// The full DS4 graph on CUDA (weights packed: the other placement) vs `reference`,
+/// within `assert_full_parity`'s bounds.
 fn full_parity(name: &str) {
     if skip() {
         return;
@@ -96,25 +83,7 @@ fn full_parity(name: &str) {
     let model = load(name);
     let b = CudaBackend::new(&model, &CudaOptions { placement: Placement::Packed, ..Default::default() }).unwrap();
     let r = load_reference(name, false).unwrap();
-    let vocab = model.hp.vocab;
-    let (mut same_all, mut rows_all) = (0, 0);
-    for p in prompts(&r) {
-        let tokens = r[&format!("{p}.tokens")].as_ids();
-        let ref_logits = &r[&format!("{p}.logits")].data;
-        let ref_greedy = r[&format!("{p}.greedy_tokens")].as_ids();
-        let run = run_prompt_cuda(&b, &tokens, &ref_greedy, false);
-        let sd = std_dev(ref_logits);
-        let q99 = quantile_abs_diff(&run.logits, ref_logits, 0.99);
-        let (same, rows) = argmax_agreement(&run.logits, ref_logits, vocab);
-        same_all += same;
-        rows_all += rows;
-        let agree = run.greedy.iter().zip(&ref_greedy).take_while(|(a, b)| a == b).count();
-        println!("cuda {name} ds4 {p}: T={} p99|Δ|={q99:.3e} ({:.2e}·std) argmax {same}/{rows} greedy prefix {agree}/{}", tokens.len(), q99 / sd, ref_greedy.len());
-        assert!(q99 <= 1e-2 * sd, "{name} {p}: p99 |Δlogit| {q99} > 1e-2·std");
-        assert!(agree >= 8, "{name} {p}: greedy ids agree for only {agree} steps");
-    }
-    println!("cuda {name} ds4: arg-max agreement {same_all}/{rows_all}");
-    assert!(same_all as f64 >= 0.99 * rows_all as f64, "{name}: arg-max agrees at {same_all}/{rows_all} < 99%");
+    assert_full_parity(&format!("cuda {name}"), &r, model.hp.vocab, |tokens, greedy| run_prompt_cuda(&b, tokens, greedy, false));
 }
 
 /// CPU and CUDA backends on the same prompt: prefill in chunks, decode, rewind, decode again.

@@ -9,62 +9,19 @@ fn load(name: &str) -> Model {
     Model::load(&p).unwrap_or_else(|e| panic!("loading {}: {e}", p.display()))
 }
 
-/// Plain graph vs `reference_plain`: max |Δlogit| ≤ 1e-3·std(ref), arg-max equal at every
-/// position, greedy ids identical, every decode step's logits within the same bound.
+/// Plain graph vs `reference_plain`, within `assert_plain_parity`'s bounds.
 fn plain_parity(name: &str) {
     let model = load(name);
     let r = load_reference(name, true).unwrap();
-    let vocab = model.hp.vocab;
-    for p in prompts(&r) {
-        let tokens = r[&format!("{p}.tokens")].as_ids();
-        let ref_logits = &r[&format!("{p}.logits")].data;
-        let ref_greedy = r[&format!("{p}.greedy_tokens")].as_ids();
-        let ref_steps = &r[&format!("{p}.greedy_step_logits")].data;
-        let run = run_prompt(&model, &tokens, &ref_greedy, true).unwrap();
-        let sd = std_dev(ref_logits);
-        let d = max_abs_diff(&run.logits, ref_logits);
-        let (same, rows) = argmax_agreement(&run.logits, ref_logits, vocab);
-        let ds = max_abs_diff(&run.step_logits, ref_steps);
-        println!("{name} plain {p}: T={} max|Δ|={d:.3e} ({:.2e}·std) argmax {same}/{rows} steps max|Δ|={ds:.3e} greedy {:?}", tokens.len(), d / sd, run.greedy == ref_greedy);
-        assert!(d <= 1e-3 * sd, "{name} {p}: max |Δlogit| {d} > 1e-3·std {}", 1e-3 * sd);
-        assert_eq!(same, rows, "{name} {p}: arg-max differs at {} positions", rows - same);
-        assert_eq!(run.greedy, ref_greedy, "{name} {p}: greedy ids differ");
-        assert!(ds <= 1e-3 * std_dev(ref_steps), "{name} {p}: decode-step max |Δ| {ds} > 1e-3·std");
-    }
+    assert_plain_parity(name, &r, model.hp.vocab, |tokens, greedy| run_prompt(&model, tokens, greedy, true).unwrap());
 }
 
-/// Full DS4 graph (FP8 KV and indexer FP4 round trips) vs `reference`: the round trips are
-/// discontinuous, so bounds are statistical: arg-max equal at ≥ 99% of positions, p99
-/// |Δlogit| ≤ 1e-2·std, greedy ids identical for at least the first 8 steps.
+/// Full DS4 graph (FP8 KV and indexer FP4 round trips) vs `reference`, within
+/// `assert_full_parity`'s statistical bounds.
 fn full_parity(name: &str) {
     let model = load(name);
     let r = load_reference(name, false).unwrap();
-    let vocab = model.hp.vocab;
-    let (mut same_all, mut rows_all) = (0, 0);
-    for p in prompts(&r) {
-        let tokens = r[&format!("{p}.tokens")].as_ids();
-        let ref_logits = &r[&format!("{p}.logits")].data;
-        let ref_greedy = r[&format!("{p}.greedy_tokens")].as_ids();
-        let run = run_prompt(&model, &tokens, &ref_greedy, false).unwrap();
-        let sd = std_dev(ref_logits);
-        let q99 = quantile_abs_diff(&run.logits, ref_logits, 0.99);
-        let d = max_abs_diff(&run.logits, ref_logits);
-        let (same, rows) = argmax_agreement(&run.logits, ref_logits, vocab);
-        same_all += same;
-        rows_all += rows;
-        let agree = run.greedy.iter().zip(&ref_greedy).take_while(|(a, b)| a == b).count();
-        let ds = max_abs_diff(&run.step_logits, &r[&format!("{p}.greedy_step_logits")].data);
-        println!(
-            "{name} ds4 {p}: T={} p99|Δ|={q99:.3e} ({:.2e}·std) max|Δ|={d:.3e} argmax {same}/{rows} greedy prefix {agree}/{} decode-steps max|Δ|={ds:.3e}",
-            tokens.len(),
-            q99 / sd,
-            ref_greedy.len()
-        );
-        assert!(q99 <= 1e-2 * sd, "{name} {p}: p99 |Δlogit| {q99} > 1e-2·std");
-        assert!(agree >= 8, "{name} {p}: greedy ids agree for only {agree} steps");
-    }
-    println!("{name} ds4: arg-max agreement {same_all}/{rows_all}");
-    assert!(same_all as f64 >= 0.99 * rows_all as f64, "{name}: arg-max agrees at {same_all}/{rows_all} < 99%");
+    assert_full_parity(name, &r, model.hp.vocab, |tokens, greedy| run_prompt(&model, tokens, greedy, false).unwrap());
 }
 
 /// The reference's own prefill-vs-decode disagreement for a prompt of the DS4 graph
