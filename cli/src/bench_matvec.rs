@@ -19,6 +19,7 @@
 
 use anyhow::{anyhow, Result};
 use ds4_ir::quant;
+use ds4_ir::rng::gaussian;
 use ds4_ir::GgmlType;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -42,22 +43,6 @@ const SHAPES: [(usize, usize, &str); 3] = [
     (4096, 2048, "down 4096×2048"),
 ];
 
-/// Deterministic N(0, 1) values (xorshift + Box-Muller): no rand dependency.
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut uniform = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (uniform(), uniform());
-            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-        })
-        .collect()
-}
 
 /// Seconds since the first call (monotonic).
 fn wall_seconds() -> f64 {

@@ -30,4 +30,16 @@ impl Rng {
     pub fn coin(&mut self, p: f64) -> bool {
         self.uniform(0.0, 1.0) < p
     }
+    /// A sample of N(0, 1) (Box-Muller on two uniforms in (0, 1), never 0).
+    pub fn normal(&mut self) -> f64 {
+        let mut open = || ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let (u, v) = (open(), open());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+/// `n` samples of N(0, 1) as f32, the same for the same `seed` (test and benchmark data).
+pub fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..n).map(|_| r.normal() as f32).collect()
 }

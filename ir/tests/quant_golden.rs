@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ds4_ir::quant::{self, eval, QuantError};
+use ds4_ir::rng::gaussian;
 use ds4_ir::GgmlType;
 use safetensors::{Dtype, SafeTensors};
 
@@ -295,22 +296,6 @@ fn bad_lengths_are_errors() {
     assert!(e.to_string().contains("Q5_K"));
 }
 
-/// Deterministic N(0, 1) samples (xorshift64* + Box-Muller): no rand dependency.
-fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut uniform = move || {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        ((s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (uniform(), uniform());
-            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-        })
-        .collect()
-}
 
 /// Round-trip RMSE of each quantizer on N(0, 1) data, relative to the data's RMS.
 /// The listed bounds are a little above what the quantizers achieve (printed): a

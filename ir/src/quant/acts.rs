@@ -129,23 +129,8 @@ pub use super::rt::simd_level;
 mod tests {
     use super::*;
     use crate::quant::{dequantize_row, dot_row, quantize_row, rt, supported};
+    use crate::rng::gaussian;
 
-    /// Deterministic N(0, 1) values.
-    fn gaussian(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut uniform = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        (0..n)
-            .map(|_| {
-                let (u, v) = (uniform(), uniform());
-                ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-            })
-            .collect()
-    }
 
     /// Rows of type `t` quantized from Gaussian data, and their de-quantization.
     fn matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
