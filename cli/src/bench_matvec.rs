@@ -19,6 +19,7 @@
 
 use anyhow::{anyhow, Result};
 use ds4_ir::quant;
+use ds4_ir::clock::thread_cpu_seconds;
 use ds4_ir::rng::gaussian;
 use ds4_ir::GgmlType;
 use rayon::prelude::*;
@@ -49,29 +50,6 @@ fn wall_seconds() -> f64 {
     use std::sync::OnceLock;
     static T0: OnceLock<Instant> = OnceLock::new();
     T0.get_or_init(Instant::now).elapsed().as_secs_f64()
-}
-
-/// CPU time of the calling thread (Linux; elsewhere wall time).
-fn thread_cpu_seconds() -> f64 {
-    #[cfg(target_os = "linux")]
-    {
-        #[repr(C)]
-        struct Timespec {
-            sec: i64,
-            nsec: i64,
-        }
-        extern "C" {
-            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-        }
-        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-        let mut ts = Timespec { sec: 0, nsec: 0 };
-        // SAFETY: clock_gettime writes one timespec through a valid pointer.
-        let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        assert_eq!(rc, 0, "clock_gettime");
-        ts.sec as f64 + ts.nsec as f64 * 1e-9
-    }
-    #[cfg(not(target_os = "linux"))]
-    wall_seconds()
 }
 
 /// Best wall time of `passes` runs of `f`, in seconds.

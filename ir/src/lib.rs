@@ -1,5 +1,6 @@
 //! ds4-ir: dtypes, symbolic shapes, the op set, the typed graph, and the kernel bodies
 //! that are both the float64 reference and the source of every target's kernels.
+pub mod clock;
 pub mod dtype;
 pub mod graph;
 pub mod kernels;

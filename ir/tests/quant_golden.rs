@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ds4_ir::quant::{self, eval, QuantError};
+use ds4_ir::clock::thread_cpu_seconds;
 use ds4_ir::rng::gaussian;
 use ds4_ir::GgmlType;
 use safetensors::{Dtype, SafeTensors};
@@ -378,35 +379,6 @@ fn generated_code_matches_ir_on_random_blocks() {
             }
         }
     }
-}
-
-/// CPU time of the calling thread (Linux): the benchmark below must not count the time the
-/// thread spends descheduled on a busy machine.
-#[cfg(target_os = "linux")]
-fn thread_cpu_seconds() -> f64 {
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    ts.sec as f64 + ts.nsec as f64 * 1e-9
-}
-
-#[cfg(not(target_os = "linux"))]
-fn thread_cpu_seconds() -> f64 {
-    use std::sync::OnceLock;
-    static T0: OnceLock<std::time::Instant> = OnceLock::new();
-    T0.get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs_f64()
 }
 
 /// Single-thread throughput of `dot_row` over a 4096 x 4096 matrix, per type, in GB/s of

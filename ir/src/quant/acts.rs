@@ -129,6 +129,7 @@ pub use super::rt::simd_level;
 mod tests {
     use super::*;
     use crate::quant::{dequantize_row, dot_row, quantize_row, rt, supported};
+    use crate::clock::thread_cpu_seconds;
     use crate::rng::gaussian;
 
 
@@ -268,38 +269,6 @@ mod tests {
             let rel = (num / den).sqrt();
             eprintln!("{t:>8}: fast vs exact: relative RMS error {rel:.2e}, max |Δ| {worst:.2e} of RMS(y)");
             assert!(rel < 1e-2, "{t}: {rel}");
-        }
-    }
-
-    /// CPU time of the calling thread (Linux; elsewhere wall time): on a shared machine,
-    /// time spent descheduled must not count against a kernel.
-    fn thread_cpu_seconds() -> f64 {
-        #[cfg(target_os = "linux")]
-        {
-            #[repr(C)]
-            struct Timespec {
-                sec: i64,
-                nsec: i64,
-            }
-            extern "C" {
-                fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-            }
-            const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-            let mut ts = Timespec { sec: 0, nsec: 0 };
-            // SAFETY: clock_gettime writes one timespec through a valid pointer.
-            assert_eq!(
-                unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) },
-                0
-            );
-            ts.sec as f64 + ts.nsec as f64 * 1e-9
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            use std::sync::OnceLock;
-            static T0: OnceLock<std::time::Instant> = OnceLock::new();
-            T0.get_or_init(std::time::Instant::now)
-                .elapsed()
-                .as_secs_f64()
         }
     }
 
