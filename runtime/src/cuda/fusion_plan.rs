@@ -7,14 +7,15 @@
 //! merge makes (`attention_rope`: the inverse RoPE of the attention's output); the
 //! hyper-connection expand that the launch making its y makes (`expand`:
 //! `ds4_codegen::cuda_hc_expand`); the mat-vecs that may take the digits a weighted norm's
-//! launch makes of its output (`norm_matmuls`); where a Sinkhorn left out of an
-//! `hc_pre` launch goes (`comb_at`); each RoPE node's frequency table key (the
-//! RoPE frequencies' f32 bits, which the backend's upload cache is keyed by); and the nodes a decode step's graph runs on a side branch (`side`,
-//! `launch_plan.rs`): the shared expert's beside the routing (joined at the routed experts'
-//! add), the attention query's beside its KV, compressor and indexer (joined at the
-//! attention), a CSA layer's indexer query beside its KV row and compressors (joined at
-//! the scores); and the order a step runs the nodes in (`run_order`: a CSA layer's
-//! indexer query right after its input, its attention query right after the scores).
+//! launch makes of its output (`norm_matmuls`); where a Sinkhorn left out of an `hc_pre`
+//! launch goes (`comb_at`); each RoPE node's frequency table key (the RoPE frequencies'
+//! f32 bits, which the backend's upload cache is keyed by); and the nodes a decode step's
+//! graph runs on a side branch (`side`, `launch_plan.rs`): the shared expert's beside the
+//! routing (joined at the routed experts' add), the attention query's beside its KV,
+//! compressor and indexer (joined at the attention), a CSA layer's indexer query beside its
+//! KV row and compressors (joined at the scores); and the order a step runs the nodes in
+//! (`run_order`: a CSA layer's indexer query right after its input, its attention query
+//! right after the scores).
 //! Whether a chain is launched fused is still decided per launch (shapes, alignment, the
 //! measuring switches); what the graph offers is fixed.
 
