@@ -106,7 +106,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.repeat > 1 {
             let (decode, prefill) = (median(&mut steady), median(&mut prefill));
             let list: Vec<String> = steady.iter().map(|t| format!("{t:.2}")).collect();
-            eprintln!("ds4 bench: prefill {n}, {} runs: decode steady median {decode:.2} t/s ({}), prefill median {prefill:.1} t/s", a.repeat, list.join(" "));
+            // A rate of nothing measured is not a rate: say what was not measured.
+            let decode = if a.gen == 0 { "no decode (--gen 0)".to_string() } else { format!("decode steady median {decode:.2} t/s ({})", list.join(" ")) };
+            let prefill = if n == 0 { "no prefill".to_string() } else { format!("prefill median {prefill:.1} t/s") };
+            eprintln!("ds4 bench: prefill {n}, {} runs: {decode}, {prefill}", a.repeat);
         }
     }
     Ok(())

@@ -99,8 +99,8 @@ fn bench_synthetic_refuses_what_it_cannot_do() {
 }
 
 /// `ds4 bench --repeat N` on the CPU: the CSV header, then N rows for each prefill length
-/// (one loaded model, a fresh session each), and the median rates on stderr;
-/// `--repeat 0` is refused.
+/// (one loaded model, a fresh session each), and the median rates on stderr (none for what
+/// `--gen 0` or a prefill of 0 does not measure); `--repeat 0` is refused.
 #[test]
 fn bench_repeats_each_measurement_on_one_model() {
     let out = ds4().args(["bench", "--model"]).arg(golden("tiny-f32")).args(["--prefill", "5,9", "--gen", "4", "--chunk", "4", "--repeat", "3"]).output().unwrap();
@@ -120,6 +120,13 @@ fn bench_repeats_each_measurement_on_one_model() {
     assert_eq!(stderr.matches(", 3 runs: decode steady median ").count(), 2, "{stderr}");
     assert_eq!(stderr.matches("prefill median ").count(), 2, "{stderr}");
     refuses(&["bench", "--repeat", "0", "--model"], Some(&golden("tiny-f32")), "--repeat must be at least 1");
+    // Nothing decoded (or nothing prefilled) is said so, not reported as a rate of 0.
+    let out = ds4().args(["bench", "--model"]).arg(golden("tiny-f32")).args(["--prefill", "5", "--gen", "0", "--repeat", "2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("2 runs: no decode (--gen 0), prefill median "), "{stderr}");
+    let out = ds4().args(["bench", "--model"]).arg(golden("tiny-f32")).args(["--prefill", "0", "--gen", "2", "--repeat", "2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("2 runs: decode steady median ") && stderr.contains(", no prefill"), "{stderr}");
 }
 
 /// A model whose tensor table does not match the graph is refused naming the tensor.
