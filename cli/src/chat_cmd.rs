@@ -86,6 +86,7 @@ impl Interrupt {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
+    let sampler = crate::common::sampler_options(a.temp, a.top_p, a.min_p, a.seed)?;
     let tm = load_text_model(a.model.as_deref())?;
     let cuda = a.backend.load(&tm.model, &Default::default()).context("--backend cuda")?;
     let interrupt = Interrupt::install()?;
@@ -97,7 +98,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         gen: Generator::on(&tm, a.chunk, SessionOptions { max_rewind: (a.n + 16).min(4096), ..Default::default() }, cuda),
         history: a.system.iter().map(Message::system).collect(),
         think: a.think,
-        sampler: SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed },
+        sampler,
         max_tokens: a.n,
         tty_out: std::io::stdout().is_terminal(),
         tty_err: std::io::stderr().is_terminal(),

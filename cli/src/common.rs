@@ -37,3 +37,15 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
     }
     Ok(ids)
 }
+
+/// The sampler options of `ds4 run` / `ds4 chat` (`--temp`, `--top-p`, `--min-p`, `--seed`),
+/// refused with the flag's name where they cannot sample (`SamplerOptions::check`).
+pub fn sampler_options(temp: f32, top_p: f32, min_p: f32, seed: u64) -> Result<ds4_runtime::sample::SamplerOptions> {
+    let o = ds4_runtime::sample::SamplerOptions { temperature: temp, top_p, min_p, seed };
+    let flag = |name: &str| match name {
+        "temperature" => "--temp".to_string(),
+        other => format!("--{}", other.replace('_', "-")),
+    };
+    o.check(flag).map_err(|e| anyhow!(e))?;
+    Ok(o)
+}

@@ -4,7 +4,7 @@ use crate::common::{load_model, parse_tokens};
 use crate::text_model::load_text_model;
 use ds4_model::tokenizer::StreamDecoder;
 use anyhow::{anyhow, Result};
-use ds4_runtime::sample::{Sampler, SamplerOptions};
+use ds4_runtime::sample::Sampler;
 use ds4_runtime::cuda::AnySession;
 use ds4_runtime::SessionOptions;
 use std::io::Write;
@@ -50,6 +50,7 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    let sampling = crate::common::sampler_options(a.temp, a.top_p, a.min_p, a.seed)?;
     // Token ids in, ids out; or text in (BOS + the text's tokens), text out.
     let (model, tok, prompt) = match (&a.tokens, &a.prompt) {
         (Some(t), _) => (load_model(a.model.as_deref())?, None, parse_tokens(t)?),
@@ -62,7 +63,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
     let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor }, ..Default::default() })?;
-    let mut sampler = Sampler::new(SamplerOptions { temperature: a.temp, top_p: a.top_p, min_p: a.min_p, seed: a.seed });
+    let mut sampler = Sampler::new(sampling);
     let t0 = std::time::Instant::now();
     let logits = s.prefill_last(&prompt, a.chunk)?;
     let t_prefill = t0.elapsed();

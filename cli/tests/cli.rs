@@ -86,6 +86,12 @@ fn bad_inputs_get_clear_errors() {
     let garbage = tmp("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
     refuses(&["inspect"], Some(&garbage), "magic");
+    // Sampler options that cannot sample, before any model is loaded.
+    refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--temp", "nan"], None, "--temp is NaN");
+    refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--temp=-1"], None, "--temp is -1");
+    refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--top-p", "0"], None, "--top-p is 0; it must be in (0, 1]");
+    refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--min-p", "2"], None, "--min-p is 2; it must be in [0, 1]");
+    refuses(&["chat", "--model", ms, "--top-p", "1.5"], None, "--top-p is 1.5");
 }
 
 /// `ds4 bench --synthetic`: bad architecture, recipe or layer count, or a backend that

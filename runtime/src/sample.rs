@@ -17,6 +17,26 @@ impl Default for SamplerOptions {
     }
 }
 
+impl SamplerOptions {
+    /// Why these options cannot sample, if they cannot: a temperature that is a finite
+    /// number ≥ 0, top-p in (0, 1], min-p in [0, 1] (as the server checks a request's; a
+    /// NaN or out-of-range value would pick noise without saying so). Names the option as
+    /// `name` calls it (`--top-p`, `top_p`).
+    pub fn check(&self, name: impl Fn(&str) -> String) -> Result<(), String> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(format!("{} is {t}; it must be a finite number, 0 or more (0: greedy)", name("temperature")));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("{} is {}; it must be in (0, 1]", name("top_p"), self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("{} is {}; it must be in [0, 1]", name("min_p"), self.min_p));
+        }
+        Ok(())
+    }
+}
+
 pub struct Sampler {
     opts: SamplerOptions,
     state: u64,
@@ -90,6 +110,19 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options that cannot sample are named with their value; the defaults and the ends of
+    /// each range pass.
+    #[test]
+    fn check_refuses_what_cannot_sample() {
+        let ok = |t: f32, p: f32, m: f32| SamplerOptions { temperature: t, top_p: p, min_p: m, seed: 0 }.check(|n| format!("--{n}"));
+        assert!(SamplerOptions::default().check(|n| n.into()).is_ok());
+        assert!(ok(0.0, 1.0, 0.0).is_ok() && ok(5.0, 1e-6, 1.0).is_ok());
+        for (t, p, m, what) in [(f32::NAN, 1.0, 0.0, "--temperature is NaN"), (-0.5, 1.0, 0.0, "--temperature is -0.5"), (f32::INFINITY, 1.0, 0.0, "--temperature is inf"), (1.0, 0.0, 0.0, "--top_p is 0"), (1.0, 1.5, 0.0, "--top_p is 1.5"), (1.0, f32::NAN, 0.0, "--top_p is NaN"), (1.0, 1.0, 2.0, "--min_p is 2"), (1.0, 1.0, -0.1, "--min_p is -0.1")] {
+            let e = ok(t, p, m).unwrap_err();
+            assert!(e.starts_with(what), "{e}");
+        }
+    }
 
     #[test]
     fn argmax_skips_nans_and_keeps_the_lowest_index() {
