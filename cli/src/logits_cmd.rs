@@ -34,7 +34,10 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     let logits = s.feed(&ids)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), model.hp.vocab], &bytes)?;
-    safetensors::serialize_to_file([("logits", view)], &None, &a.out).with_context(|| format!("writing {}", a.out.display()))?;
+    // Serialized here and written by std, whose error reads as a sentence (safetensors'
+    // file writer prints its I/O error in debug form).
+    let file = safetensors::serialize([("logits", view)], &None)?;
+    std::fs::write(&a.out, file).with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!("wrote logits [{}, {}] to {}", ids.len(), model.hp.vocab, a.out.display());
     Ok(())
 }

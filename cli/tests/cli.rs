@@ -92,6 +92,8 @@ fn bad_inputs_get_clear_errors() {
     refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--top-p", "0"], None, "--top-p is 0; it must be in (0, 1]");
     refuses(&["run", "--model", ms, "--tokens", "0", "-n", "1", "--min-p", "2"], None, "--min-p is 2; it must be in [0, 1]");
     refuses(&["chat", "--model", ms, "--top-p", "1.5"], None, "--top-p is 1.5");
+    // An output that cannot be written, said as a sentence.
+    refuses(&["logits", "--model", ms, "--tokens", "0", "--out", "/nonexistent/dir/x.safetensors"], None, "writing /nonexistent/dir/x.safetensors: No such file or directory");
 }
 
 /// `ds4 bench --synthetic`: bad architecture, recipe or layer count, or a backend that
