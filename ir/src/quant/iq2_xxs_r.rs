@@ -48,11 +48,7 @@ ds4_macros::quant_type! {
 
 /// IQ2_XXS's quantizer, regrouped.
 fn quantize_block(x: &[f32; 256]) -> Block {
-    let mut from = [0u8; iq2_xxs::BLOCK_BYTES];
-    iq2_xxs::quantize_block(x).write(&mut from);
-    let mut to = [0u8; BLOCK_BYTES];
-    regroup_block(&from, &mut to);
-    Block::read(&to)
+    regrouped(&iq2_xxs::quantize_block(x))
 }
 
 /// The bit of a group's sign word that holds the sign of weight `j` (0..8) of its grid
@@ -87,25 +83,24 @@ const SIGN_BITS: [[u32; 128]; 4] = {
     t
 };
 
-/// One IQ2_XXS block (66 bytes) as IQ2_XXS_R (72).
-fn regroup_block(from: &[u8], to: &mut [u8]) {
-    let word = |at: usize| u32::from_le_bytes(from[at..at + 4].try_into().expect("4 bytes"));
-    let mut sc = 0u32;
-    to[4..6].copy_from_slice(&from[..2]);
-    to[6..8].fill(0);
+/// One IQ2_XXS block as IQ2_XXS_R, field by field (the two declarations' `Block`s): per
+/// group its grid indices as they are, its scale (the sign word's top four bits) into `sc`,
+/// and its four 7-bit sign patterns with their parities into one sign word.
+fn regrouped(b: &iq2_xxs::Block) -> Block {
+    let mut r = Block { sc: 0, d: b.d, pad: 0, qs: [0; 16] };
     for ib in 0..8 {
-        let (q, aux) = (word(2 + 8 * ib), word(6 + 8 * ib));
-        sc |= (aux >> 28) << (4 * ib);
-        let signs = (0..4).fold(0u32, |acc, k| acc | SIGN_BITS[k][((aux >> (7 * k)) & 0x7F) as usize]);
-        to[8 + 8 * ib..12 + 8 * ib].copy_from_slice(&q.to_le_bytes());
-        to[12 + 8 * ib..16 + 8 * ib].copy_from_slice(&signs.to_le_bytes());
+        let aux = b.qs[2 * ib + 1];
+        r.sc |= (aux >> 28) << (4 * ib);
+        r.qs[2 * ib] = b.qs[2 * ib];
+        r.qs[2 * ib + 1] = (0..4).fold(0u32, |acc, k| acc | SIGN_BITS[k][((aux >> (7 * k)) & 0x7F) as usize]);
     }
-    to[..4].copy_from_slice(&sc.to_le_bytes());
+    r
 }
 
 /// IQ2_XXS bytes (`src`, whole blocks) into IQ2_XXS_R (`dst`, 72 bytes for each 66).
 pub fn regroup(src: &[u8], dst: &mut [u8]) {
     for (from, to) in src.chunks_exact(iq2_xxs::BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        regroup_block(from, to);
+        let (from, to) = (from.try_into().expect("whole blocks"), to.try_into().expect("whole blocks"));
+        regrouped(&iq2_xxs::Block::read(from)).write(to);
     }
 }
