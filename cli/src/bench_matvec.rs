@@ -44,7 +44,6 @@ const SHAPES: [(usize, usize, &str); 3] = [
     (4096, 2048, "down 4096×2048"),
 ];
 
-
 /// Seconds since the first call (monotonic).
 fn wall_seconds() -> f64 {
     use std::sync::OnceLock;

@@ -220,7 +220,7 @@ fn float_types_round_trip_golden_raw() {
 /// de-quantizes to the golden values bit for bit, and its dot product with the golden x
 /// agrees with the file type's (to 1e-5: the same values, summed in another order). The
 /// golden raw bytes and the regrouped rows' values, for the callers' own checks.
-fn regrouped_rows_match_golden(from: GgmlType, to: GgmlType, regroup: fn(&[u8], &mut [u8]) -> Result<(), QuantError>) -> (Vec<u8>, Vec<f32>) {
+fn regrouped_rows_match_golden(from: GgmlType, to: GgmlType, regroup: quant::Regroup) -> (Vec<u8>, Vec<f32>) {
     let g = Golden::load(from).unwrap_or_else(|| panic!("no golden {from} file in {}", golden_dir().display()));
     let (rshape, raw) = g.u8("raw");
     let (dshape, want) = g.f32("dequant");
@@ -296,7 +296,6 @@ fn bad_lengths_are_errors() {
     assert_eq!(e, QuantError::Unsupported(GgmlType::Q5K));
     assert!(e.to_string().contains("Q5_K"));
 }
-
 
 /// Round-trip RMSE of each quantizer on N(0, 1) data, relative to the data's RMS.
 /// The listed bounds are a little above what the quantizers achieve (printed): a

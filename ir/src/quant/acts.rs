@@ -132,7 +132,6 @@ mod tests {
     use crate::clock::thread_cpu_seconds;
     use crate::rng::gaussian;
 
-
     /// Rows of type `t` quantized from Gaussian data, and their de-quantization.
     fn matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
         let rb = t.bytes_for(cols as u64).unwrap() as usize;
