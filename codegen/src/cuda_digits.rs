@@ -413,6 +413,17 @@ pub fn magnitude_word(mags: [u8; 3], negate: bool) -> u32 {
     mags.iter().enumerate().fold(0u32, |acc, (i, &m)| acc | (if negate { m.wrapping_neg() } else { m } as u32) << (8 * i))
 }
 
+/// Where the gate and up kernel finds IQ2_XXS_R's group words (`qs`), from the declaration
+/// (`ds4_ir::quant`'s `iq2_xxs_r.rs`). The kernel reads `sc` and `d` as one 8-byte word
+/// (`sc` its low half, `d` the low 16 bits of its high half): a declaration that moves them
+/// fails here, when the source is generated, not in the kernel's sums.
+fn iq2_xxs_r_qs_offset() -> usize {
+    let spec = ds4_ir::quant::spec(GgmlType::Iq2XxsR).expect("IQ2_XXS_R is declared");
+    let at = |f: &str| spec.field(f).unwrap_or_else(|| panic!("IQ2_XXS_R declares {f}")).offset;
+    assert!(at("sc") == 0 && at("d") == 4, "the kernel reads IQ2_XXS_R's sc at byte 0 and d at byte 4");
+    at("qs")
+}
+
 /// The mat-vec's CUDA source: IQ2_XXS_R rows (`ds4_ir::quant`'s `iq2_xxs_r.rs`), the grid
 /// as selector nibbles from its declaration.
 pub fn matvec_source() -> String {
@@ -467,7 +478,7 @@ __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, 
             // aligned 8-byte loads.
             const unsigned char* const blk = w + r * row_bytes + (ib / 8u) * {block}u;
             const uint2 hd = *(const uint2*)blk;
-            const uint2 qs = *(const uint2*)(blk + 8u + 8u * (ib % 8u));
+            const uint2 qs = *(const uint2*)(blk + {qs_at}u + 8u * (ib % 8u));
             const float db = ds4_f16_to_f32_dot(hd.y & 0xffffu) * (0.5f + (float)((hd.x >> (4u * (ib % 8u))) & 15u)) * 0.25f;
             {acc_decl};
             #pragma unroll
@@ -496,6 +507,7 @@ __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, 
         pos = magnitude_word(mags, false),
         neg = magnitude_word(mags, true),
         block = GgmlType::Iq2XxsR.block_bytes(),
+        qs_at = iq2_xxs_r_qs_offset(),
         entry = crate::cuda::own_entry(MATVEC_IQ2_XXS, &format!("{THREADS}, {GATE_UP_MIN_BLOCKS}"), &matvec_params()),
         x_loads = x_group_loads("ib * 4ull", "ib"),
         acc_decl = digit_sums("acc"),
