@@ -103,13 +103,11 @@ impl DeviceWeights {
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
         let mut total = 0;
-        // A weight's bytes in its device type.
-        let sized = |w: &crate::weights::WeightView| device_bytes(w, ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1)));
         match placement {
             Placement::PerTensor => {
                 // Weights of mat-vecs that read the same x back to back, one allocation a
                 // group (`matvec_groups.rs`); every other tensor in its own.
-                let type_of = |n: &str| weights.get(n).map(|w| (ds4_codegen::quant::device_type(target, w.ty, w.ne[0]), w.ne[0]));
+                let type_of = |n: &str| weights.get(n).map(|w| (on_device(&w, target).0, w.ne[0]));
                 let mut allocations: Vec<Vec<String>> = Vec::new();
                 let mut placed = BTreeSet::new();
                 for g in graphs {
@@ -123,11 +121,11 @@ impl DeviceWeights {
                 allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
                 for group in &allocations {
                     let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
-                    let buf = aligned_alloc(dev, views.iter().map(sized).sum())?;
+                    let kept: Vec<(GgmlType, usize)> = views.iter().map(|w| on_device(w, target)).collect();
+                    let buf = aligned_alloc(dev, kept.iter().map(|k| k.1).sum())?;
                     let mut at = buf.1;
-                    for (n, w) in group.iter().zip(&views) {
-                        let ty = fill(&buf.0, at, w, generate.contains(n), target, &mut tiles)?;
-                        let bytes = device_bytes(w, ty);
+                    for ((n, w), &(ty, bytes)) in group.iter().zip(&views).zip(&kept) {
+                        fill(&buf.0, at, w, ty, bytes, generate.contains(n), &mut tiles)?;
                         tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + at as u64, ty, ne: w.ne.to_vec(), bytes });
                         at += bytes;
                     }
@@ -136,17 +134,19 @@ impl DeviceWeights {
                 }
             }
             Placement::Packed => {
-                let mut offsets = Vec::new();
+                // Each tensor's offset, device type and bytes.
+                let mut places = Vec::new();
                 let mut at = 0;
                 for n in &names {
-                    offsets.push(at);
-                    at = round_up(at + sized(&view(weights, n)?), PACKED_ALIGN);
+                    let (ty, bytes) = on_device(&view(weights, n)?, target);
+                    places.push((at, ty, bytes));
+                    at = round_up(at + bytes, PACKED_ALIGN);
                 }
                 let arena = dev.alloc_owned(at)?;
-                for (n, &off) in names.iter().zip(&offsets) {
+                for (n, &(off, ty, bytes)) in names.iter().zip(&places) {
                     let w = view(weights, n)?;
-                    let ty = fill(&arena, off, &w, generate.contains(n), target, &mut tiles)?;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes: device_bytes(&w, ty) });
+                    fill(&arena, off, &w, ty, bytes, generate.contains(n), &mut tiles)?;
+                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes });
                 }
                 total += arena.bytes;
                 blocks.push(arena);
@@ -172,15 +172,16 @@ impl DeviceWeights {
 /// Blocks regrouped at a time on the host (`regroup`): 2^18, 17-18 MiB of either layout.
 const REGROUP_BLOCKS: usize = 1 << 18;
 
-/// Weight `w`'s bytes on the device as type `ty` (its device type): its file's bytes, or
-/// as many rows of the device layout.
-fn device_bytes(w: &crate::weights::WeightView, ty: GgmlType) -> usize {
-    if ty == w.ty {
-        return w.bytes.len();
-    }
+/// Weight `w` on `target`'s devices: its device type (`ds4_codegen::quant::device_type`),
+/// and its bytes in it (its file's, or as many rows of the device layout).
+fn on_device(w: &crate::weights::WeightView, target: Target) -> (GgmlType, usize) {
     let row_len = w.ne.first().copied().unwrap_or(1);
+    let ty = ds4_codegen::quant::device_type(target, w.ty, row_len);
+    if ty == w.ty {
+        return (ty, w.bytes.len());
+    }
     let rows: u64 = w.ne.iter().skip(1).product();
-    (rows * ty.bytes_for(row_len).unwrap_or(0)) as usize
+    (ty, (rows * ty.bytes_for(row_len).unwrap_or(0)) as usize)
 }
 
 /// How a file's bytes become device layout `ty` (`ds4_ir::quant::regrouped_from`): the
@@ -210,32 +211,29 @@ fn regroup(one: Regroup, from: usize, ty: GgmlType, src: &[u8], dst: &mut [u8]) 
     })
 }
 
-/// Puts tensor `w` at byte `at` of `buf` in its device type on `target`, which it
-/// returns: its bytes from the file (Q8_0 and IQ2_XXS regrouped, a chunk at a time), or
+/// Puts tensor `w` at byte `at` of `buf` as `n` bytes of its device type `ty`
+/// (`on_device`): its bytes from the file (Q8_0 and IQ2_XXS regrouped, a chunk at a time), or
 /// (`random`) a tile of random blocks of the device type, quantized here once per type
 /// (`tiles`) and repeated over the tensor by device copies, so that a full-size synthetic
 /// model costs no host memory and no upload. The tile (256 KiB) is small next to any
 /// tensor it fills and next to the L2 cache, so repetition does not flatter the
 /// bandwidth; it is small because some quantizers (IQ2_XXS: seconds per MiB) are slow.
-fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool, target: Target, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<GgmlType, CudaError> {
-    let ty = ds4_codegen::quant::device_type(target, w.ty, w.ne.first().copied().unwrap_or(1));
+fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, ty: GgmlType, n: usize, random: bool, tiles: &mut HashMap<GgmlType, Vec<u8>>) -> Result<(), CudaError> {
     if !random {
         if ty == w.ty {
-            buf.write(at, w.bytes)?;
-            return Ok(ty);
+            return buf.write(at, w.bytes);
         }
         let (one, src_unit) = regroup_of(ty).ok_or_else(|| CudaError(format!("{}: no regroup from {} to {ty}", w.name, w.ty)))?;
         // Whole blocks of both layouts a chunk.
         let dst_unit = ty.block_bytes();
-        let mut host = vec![0u8; (REGROUP_BLOCKS * dst_unit).min(device_bytes(w, ty))];
+        let mut host = vec![0u8; (REGROUP_BLOCKS * dst_unit).min(n)];
         for (i, src) in w.bytes.chunks(REGROUP_BLOCKS * src_unit).enumerate() {
             let dst = &mut host[..src.len() / src_unit * dst_unit];
             regroup(one, src_unit, ty, src, dst).map_err(|e| CudaError(format!("{}: {e}", w.name)))?;
             buf.write(at + i * REGROUP_BLOCKS * dst_unit, dst)?;
         }
-        return Ok(ty);
+        return Ok(());
     }
-    let n = device_bytes(w, ty);
     if let std::collections::hash_map::Entry::Vacant(e) = tiles.entry(ty) {
         e.insert(random_tile(ty).map_err(|e| CudaError(format!("{}: cannot make random {ty} data: {e}", w.name)))?);
     }
@@ -249,7 +247,7 @@ fn fill(buf: &DeviceBuf, at: usize, w: &crate::weights::WeightView, random: bool
         buf.copy_from(at + have, buf, at, k)?;
         have += k;
     }
-    Ok(ty)
+    Ok(())
 }
 
 /// About 256 KiB of whole blocks of `ty` holding zero-mean, weight-sized random values.
