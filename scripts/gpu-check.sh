@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: every generated CUDA kernel against its f64 reference,
-# the tiny golden models end to end on the CUDA backend (and against the CPU backend),
+# the tiny golden models end to end on the CUDA backend (and against the CPU backend), a
+# model too big for the device memory refused before its upload (cuda_memory),
 # `ds4 gen`, and `ds4 bench --backend cuda` next to the CPU; a short table last.
 #
 # Built here, run there (the GPU machine has no Rust toolchain):
@@ -28,17 +29,17 @@ if [ "${1:-}" = "--prepare" ]; then
     set -e
     TGT=${CARGO_TARGET_DIR:-target}
     cargo build --release -p ds4
-    cargo test --release --no-run -p ds4-tests --test cuda_kernels --test cuda_golden
+    cargo test --release --no-run -p ds4-tests --test cuda_kernels --test cuda_golden --test cuda_memory
     rm -rf "$CARRY" && mkdir -p "$CARRY/golden/models"
     cp "$TGT/release/ds4" "$CARRY/ds4"
-    for t in cuda_kernels cuda_golden; do
+    for t in cuda_kernels cuda_golden cuda_memory; do
         # The newest build of each test binary (deps/<name>-<hash>, executable).
         bin=$(ls -t "$TGT"/release/deps/$t-* | grep -v '\.d$' | head -1)
         cp "$bin" "$CARRY/$t"
     done
-    strip "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden
+    strip "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden "$CARRY"/cuda_memory
     # Compressed: a device call carries at most 64 MiB with the working tree.
-    gzip -9 -f "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden
+    gzip -9 -f "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden "$CARRY"/cuda_memory
     GOLDEN=${GOLDEN:-../shared/golden}
     for m in tiny-f32 tiny-q2 tiny-q4; do
         mkdir -p "$CARRY/golden/models/$m"
@@ -57,7 +58,7 @@ fi
 
 OUT=${OUT:-/tmp/ds4-gpu-check}
 mkdir -p "$OUT"
-for b in ds4 cuda_kernels cuda_golden; do
+for b in ds4 cuda_kernels cuda_golden cuda_memory; do
     if [ -f "$CARRY/$b.gz" ]; then gunzip -c "$CARRY/$b.gz" > "$CARRY/$b" && chmod +x "$CARRY/$b"; fi
 done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -118,6 +119,7 @@ fi
 
 "$CARRY/cuda_kernels" --nocapture --test-threads=1 > "$OUT/kernels.log" 2>&1; rc_kernels=$?
 "$CARRY/cuda_golden" --nocapture --test-threads=1 > "$OUT/golden.log" 2>&1; rc_golden=$?
+"$CARRY/cuda_memory" --nocapture > "$OUT/memory.log" 2>&1; rc_memory=$?
 
 # `ds4 serve --backend $1` on the embedded default: two identical chat requests at
 # temperature 0 over HTTP (python3's urllib), the same text back.
@@ -180,15 +182,17 @@ status() { [ "$1" = 0 ] && echo ok || echo "FAIL($1)"; }
     sed -n '/^kernel /,/^hadamard_fp4/p' "$OUT/kernels.log"
     grep -E "dequant_rows bit-exact|aligned matvec|attention_tiled" "$OUT/kernels.log"
     grep -oE "(cuda tiny|cpu vs cuda).*" "$OUT/golden.log"
+    grep -E "^refused: " "$OUT/memory.log"
     grep -E "^== |^[0-9]+," "$OUT/bench.log"
     grep -E "^what,|,(matvec|matmul)_" "$OUT/kbench.log"
     grep -E "^== |^[0-9]+,|^ds4 bench: |^mksynth|skipped" "$OUT/full.log"
     echo "-----------------------------------------------------------------"
     printf "%-28s %s\n" "kernel parity (cuda_kernels)" "$(status $rc_kernels)" \
         "tiny models (cuda_golden)" "$(status $rc_golden)" \
+        "device memory (cuda_memory)" "$(status $rc_memory)" \
         "cli gen/run/serve" "$(status $rc_cli)" \
         "bench" "$(status $rc_bench)" \
         "quant kernel bench" "$(status $rc_kbench)" \
         "full-size bench" "$(status $rc_full)"
 } | tee "$OUT/summary.txt"
-[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ] && [ $rc_kbench = 0 ] && [ $rc_full = 0 ]
+[ $rc_kernels = 0 ] && [ $rc_golden = 0 ] && [ $rc_memory = 0 ] && [ $rc_cli = 0 ] && [ $rc_bench = 0 ] && [ $rc_kbench = 0 ] && [ $rc_full = 0 ]

@@ -42,6 +42,14 @@ impl From<result::DriverError> for CudaError {
     }
 }
 
+/// A failed allocation of `bytes` as a sentence: how much was asked for and, where the
+/// driver said, how much the device has free.
+fn out_of_memory(bytes: usize, memory: Option<(usize, usize)>, device: &str) -> CudaError {
+    let mb = |b: usize| b as f64 / 1e6;
+    let have = memory.map_or(String::new(), |(free, total)| format!(" ({:.1} MB free of {:.1} MB)", mb(free), mb(total)));
+    CudaError(format!("out of device memory on the {device}: {:.1} MB asked for{have}", mb(bytes)))
+}
+
 /// GPU 0's context.
 pub struct Device {
     pub ctx: Arc<CudaContext>,
@@ -109,6 +117,12 @@ impl Device {
         Ok(DeviceBuf { dev: self.clone(), ptr, bytes, pooled: None })
     }
 
+    /// Device memory free now and in all, in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        self.bind()?;
+        Ok(result::mem_get_info()?)
+    }
+
     fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr, CudaError> {
         self.bind()?;
         // SAFETY: a plain cuMemAlloc; freed once (DeviceBuf's or Device's Drop).
@@ -119,7 +133,10 @@ impl Device {
                 // Out of memory with buffers parked in the pool: give them back and retry.
                 self.release_pool();
                 // SAFETY: as above.
-                Ok(unsafe { result::malloc_sync(bytes) }?)
+                unsafe { result::malloc_sync(bytes) }.map_err(|e| match e.0 {
+                    sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => out_of_memory(bytes, self.memory().ok(), &self.name),
+                    _ => e.into(),
+                })
             }
         }
     }
@@ -529,4 +546,18 @@ pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32
         return Ok(());
     }
     dev.run_step(Step::kernel(f.cu_function(), grid, block, shared, args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed allocation reads as a sentence in MB, with the free memory where known.
+    #[test]
+    fn out_of_memory_is_a_sentence() {
+        let e = out_of_memory(3_500_000_000, Some((1_250_000_000, 143_700_000_000)), "NVIDIA H200").to_string();
+        assert_eq!(e, "cuda: out of device memory on the NVIDIA H200: 3500.0 MB asked for (1250.0 MB free of 143700.0 MB)");
+        let e = out_of_memory(1 << 20, None, "GPU").to_string();
+        assert_eq!(e, "cuda: out of device memory on the GPU: 1.0 MB asked for");
+    }
 }

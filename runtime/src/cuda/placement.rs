@@ -69,8 +69,30 @@ fn vector_inputs(op: &Op) -> &'static [usize] {
     }
 }
 
+/// Weight `n` of the file, or the error that names it.
+fn view<'w>(weights: &'w Weights, n: &'w str) -> Result<crate::weights::WeightView<'w>, CudaError> {
+    weights.get(n).ok_or_else(|| CudaError(format!("weight {n} is not in the model file")))
+}
+
 fn round_up(n: usize, a: usize) -> usize {
     n.div_ceil(a) * a
+}
+
+/// Whether weights of `need` bytes (as the placement lays them out; `packed`: in one
+/// allocation) fit in the `free` bytes of device memory that `device` (of `total` bytes)
+/// has: else the error says what the model needs, what the device has and what to do.
+fn fits(need: usize, packed: usize, free: usize, total: usize, device: &str) -> Result<(), CudaError> {
+    if need <= free {
+        return Ok(());
+    }
+    let gb = |b: usize| b as f64 / 1e9;
+    let pack = if packed < need && packed <= free { format!(" or packed in one allocation (--pack-weights: {:.2} GB)", gb(packed)) } else { String::new() };
+    Err(CudaError(format!(
+        "the model's weights need {:.2} GB of device memory and the {device} has {:.2} GB free (of {:.2} GB): nothing was uploaded; run it on a GPU with more memory{pack}, or on the CPU (--backend cpu)",
+        gb(need),
+        gb(free),
+        gb(total)
+    )))
 }
 
 impl DeviceWeights {
@@ -81,12 +103,8 @@ impl DeviceWeights {
     /// Q8_0 rows regrouped as Q8_0_R, the same size; IQ2_XXS as IQ2_XXS_R, 72 bytes a
     /// block where the file has 66).
     pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>, target: Target) -> Result<DeviceWeights, CudaError> {
-        let mut names = BTreeSet::new();
         let mut vec_names = BTreeSet::new();
         for g in graphs {
-            for (name, _) in g.weights() {
-                names.insert(name.to_string());
-            }
             for id in g.order() {
                 let ins = g.inputs(id);
                 for &i in vector_inputs(&g.node(id).op) {
@@ -96,29 +114,17 @@ impl DeviceWeights {
                 }
             }
         }
-        fn view<'w>(weights: &'w Weights, n: &'w str) -> Result<crate::weights::WeightView<'w>, CudaError> {
-            weights.get(n).ok_or_else(|| CudaError(format!("weight {n} is not in the model file")))
-        }
+        // Planned first, so that a model the device cannot hold is refused before
+        // anything is uploaded.
+        let (allocations, need, packed) = Self::plan(weights, graphs, placement, target)?;
+        let (free, total_mem) = dev.memory()?;
+        fits(need, packed, free, total_mem, &dev.name)?;
         let mut tensors = HashMap::new();
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
         let mut total = 0;
         match placement {
             Placement::PerTensor => {
-                // Weights of mat-vecs that read the same x back to back, one allocation a
-                // group (`matvec_groups.rs`); every other tensor in its own.
-                let type_of = |n: &str| weights.get(n).map(|w| (on_device(&w, target).0, w.ne[0]));
-                let mut allocations: Vec<Vec<String>> = Vec::new();
-                let mut placed = BTreeSet::new();
-                for g in graphs {
-                    for group in super::matvec_groups::weight_groups(g, &type_of) {
-                        if group.iter().all(|n| !placed.contains(n)) {
-                            placed.extend(group.iter().cloned());
-                            allocations.push(group);
-                        }
-                    }
-                }
-                allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
                 for group in &allocations {
                     let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
                     let kept: Vec<(GgmlType, usize)> = views.iter().map(|w| on_device(w, target)).collect();
@@ -137,7 +143,8 @@ impl DeviceWeights {
                 // Each tensor's offset, device type and bytes.
                 let mut places = Vec::new();
                 let mut at = 0;
-                for n in &names {
+                let names = &allocations[0];
+                for n in names {
                     let (ty, bytes) = on_device(&view(weights, n)?, target);
                     places.push((at, ty, bytes));
                     at = round_up(at + bytes, PACKED_ALIGN);
@@ -158,6 +165,43 @@ impl DeviceWeights {
             vectors.insert(n.clone(), dev.upload(&host)?);
         }
         Ok(DeviceWeights { tensors, vectors, _blocks: blocks, bytes: total })
+    }
+
+    /// How `upload` lays out the weights of `graphs`: its allocations (each a list of
+    /// tensors), their device bytes in `placement`, and in one packed allocation.
+    pub fn plan(weights: &Weights, graphs: &[&Graph], placement: Placement, target: Target) -> Result<(Vec<Vec<String>>, usize, usize), CudaError> {
+        let names: BTreeSet<String> = graphs.iter().flat_map(|g| g.weights().into_iter().map(|(n, _)| n.to_string())).collect();
+        let allocations: Vec<Vec<String>> = match placement {
+            Placement::PerTensor => {
+                // Weights of mat-vecs that read the same x back to back, one allocation a
+                // group (`matvec_groups.rs`); every other tensor in its own.
+                let type_of = |n: &str| weights.get(n).map(|w| (on_device(&w, target).0, w.ne[0]));
+                let mut allocations: Vec<Vec<String>> = Vec::new();
+                let mut placed = BTreeSet::new();
+                for g in graphs {
+                    for group in super::matvec_groups::weight_groups(g, &type_of) {
+                        if group.iter().all(|n| !placed.contains(n)) {
+                            placed.extend(group.iter().cloned());
+                            allocations.push(group);
+                        }
+                    }
+                }
+                allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
+                allocations
+            }
+            Placement::Packed => vec![names.into_iter().collect()],
+        };
+        let (mut per_tensor, mut packed) = (0, 0);
+        for group in &allocations {
+            let bytes = group.iter().map(|n| Ok(on_device(&view(weights, n)?, target).1)).collect::<Result<Vec<_>, CudaError>>()?;
+            per_tensor += round_up(bytes.iter().sum::<usize>().max(1), TENSOR_ALIGN);
+            packed += bytes.iter().map(|&b| round_up(b, PACKED_ALIGN)).sum::<usize>();
+        }
+        let need = match placement {
+            Placement::PerTensor => per_tensor,
+            Placement::Packed => packed,
+        };
+        Ok((allocations, need, packed))
     }
 
     pub fn tensor(&self, name: &str) -> Result<&DeviceTensor, CudaError> {
@@ -306,5 +350,47 @@ mod tests {
             assert!(regroup(one, from, ty, &src[..from * 40], &mut split[..ty.block_bytes() * 39]).is_err(), "{ty}");
         }
         assert!(regroup_of(GgmlType::Q8_0).is_none() && regroup_of(GgmlType::Iq2Xxs).is_none());
+    }
+
+    /// The upload's plan on the tiny q2 model: every weight in exactly one allocation;
+    /// per tensor each allocation whole 2 MiB units of its tensors' device bytes, packed
+    /// one allocation of them at 256-byte offsets (so never more than per tensor).
+    #[test]
+    fn plan_places_every_weight_once() {
+        let model = crate::cuda::tiny_q2();
+        let graphs = [&model.graph, &model.graph_plain];
+        let target = Target::CudaSm90;
+        let names: BTreeSet<String> = graphs.iter().flat_map(|g| g.weights().into_iter().map(|(n, _)| n.to_string())).collect();
+        let bytes = |n: &str| on_device(&model.weights.get(n).unwrap(), target).1;
+        for placement in [Placement::PerTensor, Placement::Packed] {
+            let (allocations, need, packed) = DeviceWeights::plan(&model.weights, &graphs, placement, target).unwrap();
+            let placed: Vec<&String> = allocations.iter().flatten().collect();
+            assert_eq!(placed.len(), names.len(), "{placement:?}: a weight placed twice or not at all");
+            assert_eq!(placed.iter().map(|n| n.as_str()).collect::<BTreeSet<_>>(), names.iter().map(|n| n.as_str()).collect(), "{placement:?}");
+            assert_eq!(packed, names.iter().map(|n| round_up(bytes(n), PACKED_ALIGN)).sum::<usize>(), "{placement:?}");
+            match placement {
+                Placement::PerTensor => {
+                    assert_eq!(need, allocations.iter().map(|g| round_up(g.iter().map(|n| bytes(n)).sum::<usize>().max(1), TENSOR_ALIGN)).sum::<usize>());
+                    assert!(need > packed && need.is_multiple_of(TENSOR_ALIGN));
+                }
+                Placement::Packed => assert_eq!((allocations.len(), need), (1, packed)),
+            }
+        }
+    }
+
+    /// A model that fits is let through; one that does not is refused with what it needs,
+    /// what the device has, and `--pack-weights` only where packing would fit.
+    #[test]
+    fn fits_says_what_the_model_needs_and_the_device_has() {
+        const GB: usize = 1_000_000_000;
+        assert!(fits(80 * GB, 79 * GB, 100 * GB, 141 * GB, "H200").is_ok());
+        assert!(fits(140 * GB, 140 * GB, 140 * GB, 141 * GB, "H200").is_ok());
+        let e = fits(86_700_000_000, 86_650_000_000, 79_100_000_000, 79_600_000_000, "NVIDIA H100 80GB HBM3").unwrap_err().to_string();
+        for part in ["86.70 GB of device memory", "NVIDIA H100 80GB HBM3 has 79.10 GB free (of 79.60 GB)", "nothing was uploaded", "--backend cpu"] {
+            assert!(e.contains(part), "{part:?} not in: {e}");
+        }
+        assert!(!e.contains("--pack-weights"), "packing would not fit either: {e}");
+        let e = fits(80 * GB, 78 * GB, 79 * GB, 80 * GB, "H100").unwrap_err().to_string();
+        assert!(e.contains("--pack-weights: 78.00 GB"), "{e}");
     }
 }
