@@ -116,9 +116,7 @@ impl DeviceWeights {
         }
         // Planned first, so that a model the device cannot hold is refused before
         // anything is uploaded.
-        let (allocations, need, packed) = Self::plan(weights, graphs, placement, target)?;
-        let (free, total_mem) = dev.memory()?;
-        fits(need, packed, free, total_mem, &dev.name)?;
+        let allocations = Self::check_fits(dev, weights, graphs, placement, target)?;
         let mut tensors = HashMap::new();
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
@@ -165,6 +163,16 @@ impl DeviceWeights {
             vectors.insert(n.clone(), dev.upload(&host)?);
         }
         Ok(DeviceWeights { tensors, vectors, _blocks: blocks, bytes: total })
+    }
+
+    /// Whether the weights of `graphs` fit in `dev`'s free memory as `placement` lays them
+    /// out (`plan`): their allocations, or the error that says what they need, what the
+    /// device has and what to do.
+    pub fn check_fits(dev: &Device, weights: &Weights, graphs: &[&Graph], placement: Placement, target: Target) -> Result<Vec<Vec<String>>, CudaError> {
+        let (allocations, need, packed) = Self::plan(weights, graphs, placement, target)?;
+        let (free, total) = dev.memory()?;
+        fits(need, packed, free, total, &dev.name)?;
+        Ok(allocations)
     }
 
     /// How `upload` lays out the weights of `graphs`: its allocations (each a list of

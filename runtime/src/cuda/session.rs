@@ -55,13 +55,16 @@ impl<'m> CudaBackend<'m> {
         }
         let dev = Device::open()?;
         let target = super::compile::target_for(dev.sm);
+        // A model the device cannot hold is refused before its kernels compile.
+        let graphs = [&model.graph, &model.graph_plain];
+        DeviceWeights::check_fits(&dev, &model.weights, &graphs, opts.placement, target)?;
         let mut set = KernelSet::for_graph(&model.graph, target);
         set.extend(KernelSet::for_graph(&model.graph_plain, target));
         let kernels = Kernels::compile(&dev, &set)?;
         if let Some(k) = kernels.by_name.get(ds4_codegen::cuda_copy::NAME) {
             dev.set_copy_kernel(&k.func)?;
         }
-        let weights = DeviceWeights::upload(&dev, &model.weights, &[&model.graph, &model.graph_plain], opts.placement, &opts.generate, target)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &graphs, opts.placement, &opts.generate, target)?;
         let dummy = dev.alloc(16)?;
         let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
         let plans = [&model.graph, &model.graph_last, &model.graph_plain, &model.graph_plain_last].into_iter().map(|g| (g, Arc::new(FusionPlan::of(g)))).collect();
