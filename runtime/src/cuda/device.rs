@@ -42,12 +42,19 @@ impl From<result::DriverError> for CudaError {
     }
 }
 
+/// Bytes for a person: GB (10^9) from 1 GB, else MB.
+pub fn bytes_text(b: usize) -> String {
+    match b as f64 {
+        x if x >= 1e9 => format!("{:.2} GB", x / 1e9),
+        x => format!("{:.1} MB", x / 1e6),
+    }
+}
+
 /// A failed allocation of `bytes` as a sentence: how much was asked for and, where the
 /// driver said, how much the device has free.
 fn out_of_memory(bytes: usize, memory: Option<(usize, usize)>, device: &str) -> CudaError {
-    let mb = |b: usize| b as f64 / 1e6;
-    let have = memory.map_or(String::new(), |(free, total)| format!(" ({:.1} MB free of {:.1} MB)", mb(free), mb(total)));
-    CudaError(format!("out of device memory on the {device}: {:.1} MB asked for{have}", mb(bytes)))
+    let have = memory.map_or(String::new(), |(free, total)| format!(" ({} free of {})", bytes_text(free), bytes_text(total)));
+    CudaError(format!("out of device memory on the {device}: {} asked for{have}", bytes_text(bytes)))
 }
 
 /// GPU 0's context.
@@ -552,11 +559,11 @@ pub fn launch(dev: &Device, f: &CudaFunction, grid: (u32, u32, u32), block: (u32
 mod tests {
     use super::*;
 
-    /// A failed allocation reads as a sentence in MB, with the free memory where known.
+    /// A failed allocation reads as a sentence, with the free memory where known.
     #[test]
     fn out_of_memory_is_a_sentence() {
-        let e = out_of_memory(3_500_000_000, Some((1_250_000_000, 143_700_000_000)), "NVIDIA H200").to_string();
-        assert_eq!(e, "cuda: out of device memory on the NVIDIA H200: 3500.0 MB asked for (1250.0 MB free of 143700.0 MB)");
+        let e = out_of_memory(3_500_000_000, Some((164_800_000, 143_700_000_000)), "NVIDIA H200").to_string();
+        assert_eq!(e, "cuda: out of device memory on the NVIDIA H200: 3.50 GB asked for (164.8 MB free of 143.70 GB)");
         let e = out_of_memory(1 << 20, None, "GPU").to_string();
         assert_eq!(e, "cuda: out of device memory on the GPU: 1.0 MB asked for");
     }

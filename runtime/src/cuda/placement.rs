@@ -10,7 +10,7 @@
 //! de-quantized in f32 on the device: the kernels read them as floats, as the CPU
 //! executor does.
 
-use super::device::{CudaError, Device, DeviceBuf};
+use super::device::{bytes_text, CudaError, Device, DeviceBuf};
 use crate::weights::Weights;
 use ds4_codegen::Target;
 use ds4_ir::{GgmlType, Graph, Op};
@@ -85,13 +85,12 @@ fn fits(need: usize, packed: usize, free: usize, total: usize, device: &str) -> 
     if need <= free {
         return Ok(());
     }
-    let gb = |b: usize| b as f64 / 1e9;
-    let pack = if packed < need && packed <= free { format!(" or packed in one allocation (--pack-weights: {:.2} GB)", gb(packed)) } else { String::new() };
+    let pack = if packed < need && packed <= free { format!(" or packed in one allocation (--pack-weights: {})", bytes_text(packed)) } else { String::new() };
     Err(CudaError(format!(
-        "the model's weights need {:.2} GB of device memory and the {device} has {:.2} GB free (of {:.2} GB): nothing was uploaded; run it on a GPU with more memory{pack}, or on the CPU (--backend cpu)",
-        gb(need),
-        gb(free),
-        gb(total)
+        "the model's weights need {} of device memory and the {device} has {} free (of {}): nothing was uploaded; run it on a GPU with more memory{pack}, or on the CPU (--backend cpu)",
+        bytes_text(need),
+        bytes_text(free),
+        bytes_text(total)
     )))
 }
 
@@ -400,5 +399,7 @@ mod tests {
         assert!(!e.contains("--pack-weights"), "packing would not fit either: {e}");
         let e = fits(80 * GB, 78 * GB, 79 * GB, 80 * GB, "H100").unwrap_err().to_string();
         assert!(e.contains("--pack-weights: 78.00 GB"), "{e}");
+        let e = fits(327_155_712, 7_961_600, 164_800_000, 150_110_000_000, "H200").unwrap_err().to_string();
+        assert!(e.contains("need 327.2 MB of device memory and the H200 has 164.8 MB free (of 150.11 GB)") && e.contains("--pack-weights: 8.0 MB"), "{e}");
     }
 }
