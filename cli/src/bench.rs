@@ -2,7 +2,7 @@
 
 use crate::common::load_model;
 use anyhow::Result;
-use ds4_runtime::cuda::{AnySession, BackendKind, CudaOptions, Placement};
+use ds4_runtime::cuda::{AnySession, BackendKind, CudaOptions};
 use ds4_runtime::SessionOptions;
 use ds4_model::gguf::GgufFile;
 use ds4_model::synthetic::{build_writer, RealLayout, SynthConfig};
@@ -81,8 +81,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(arch) => synthetic_model(arch, &a.recipe, a.layers, a.backend)?,
     };
     // One CUDA backend (kernels compiled, weights uploaded) for every measurement.
-    let placement = if a.pack_weights { Placement::Packed } else { Placement::PerTensor };
-    let cuda = a.backend.load(&model, &CudaOptions { placement, generate })?;
+    let cuda = a.backend.load(&model, &CudaOptions { generate, ..crate::common::cuda_options(a.pack_weights) })?;
     eprintln!("ds4 bench: model ready in {:.1} s", t_load.elapsed().as_secs_f64());
     // The roofline: weight bytes per decoded token (as the backend stores them) over the
     // measured copy bandwidth.

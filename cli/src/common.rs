@@ -49,3 +49,10 @@ pub fn sampler_options(temp: f32, top_p: f32, min_p: f32, seed: u64) -> Result<d
     o.check(flag).map_err(|e| anyhow!(e))?;
     Ok(o)
 }
+
+/// The CUDA backend's options for `--pack-weights`: every weight in one allocation, or
+/// (the default) each in its own 2 MiB-aligned one.
+pub fn cuda_options(pack_weights: bool) -> ds4_runtime::cuda::CudaOptions {
+    use ds4_runtime::cuda::{CudaOptions, Placement};
+    CudaOptions { placement: if pack_weights { Placement::Packed } else { Placement::PerTensor }, ..Default::default() }
+}

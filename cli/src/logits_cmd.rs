@@ -30,7 +30,7 @@ pub struct LogitsArgs {
 pub fn run(a: LogitsArgs) -> Result<()> {
     let ids = parse_tokens(&a.tokens)?;
     let model = load_model(a.model.as_deref())?;
-    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor }, ..Default::default() })?;
+    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &crate::common::cuda_options(a.pack_weights))?;
     let logits = s.feed(&ids)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), model.hp.vocab], &bytes)?;

@@ -62,7 +62,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
-    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &ds4_runtime::cuda::CudaOptions { placement: if a.pack_weights { ds4_runtime::cuda::Placement::Packed } else { ds4_runtime::cuda::Placement::PerTensor }, ..Default::default() })?;
+    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &crate::common::cuda_options(a.pack_weights))?;
     let mut sampler = Sampler::new(sampling);
     let t0 = std::time::Instant::now();
     let logits = s.prefill_last(&prompt, a.chunk)?;

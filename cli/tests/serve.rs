@@ -283,11 +283,12 @@ fn health_models_and_chat_streamed_and_not() {
     assert_eq!(stream_text(&cs).0, v["choices"][0]["text"].as_str().unwrap());
 }
 
-/// `--backend cuda`: without a CUDA device a clear error and exit code 1; with one, the
+/// `--backend cuda` (weights packed: `scripts/gpu-check.sh` serves with the default
+/// placement): without a CUDA device a clear error and exit code 1; with one, the
 /// requests run on the GPU, deterministic at temperature 0.
 #[test]
 fn serve_on_cuda_answers_or_says_why_not() {
-    match Server::try_start(&["--backend", "cuda"]) {
+    match Server::try_start(&["--backend", "cuda", "--pack-weights"]) {
         Err((code, log)) => {
             assert_eq!(code, Some(1), "exit {code:?} (a panic exits 101): {log}");
             assert!(log.contains("--backend cuda"), "{log}");
