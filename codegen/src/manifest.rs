@@ -143,9 +143,12 @@ impl KernelSet {
                         for k in [cuda_digits::X_DIGITS, mv] {
                             set.cuda.entry(k).or_default().insert(node.op.name());
                         }
-                        // The gate and up's digits made by the routing's launch.
+                        // The gate and up's digits made by the routing's launch; the down's
+                        // by the gate and up (their SwiGLU's).
                         if mv == cuda_digits::MATVEC_IQ2_XXS {
-                            set.cuda.entry(cuda_router::WITH_DIGITS).or_default().insert(node.op.name());
+                            for k in [cuda_router::WITH_DIGITS, cuda_digits::MATVEC_IQ2_XXS_SWIGLU] {
+                                set.cuda.entry(k).or_default().insert(node.op.name());
+                            }
                         }
                     }
                     // A decode token's F16 mat-vecs in 16-byte loads (cuda_f16_vec.rs).

@@ -152,6 +152,7 @@ pub fn all() -> Vec<TextKernel> {
         unshared(cuda_digits::X_DIGITS, TextParams::Own(cuda_digits::x_digits_params()), cuda_digits::X_THREADS, format!("\"grid\": \"[ceil(k / {}), 1, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK * cuda_digits::X_THREADS as usize / 32, cuda_digits::X_THREADS), cuda_digits::x_digits_source),
         unshared(cuda_digits::NORM_DIGITS, TextParams::Own(cuda_digits::norm_digits_params()), cuda_digits::NORM_DIGITS_MAX_K as u32, format!("\"grid\": [1, 1, 1], \"block\": \"[k ≤ {}, 1, 1]\"", cuda_digits::NORM_DIGITS_MAX_K), cuda_digits::norm_digits_source),
         unshared(cuda_digits::MATVEC_IQ2_XXS, TextParams::Own(cuda_digits::matvec_params()), cuda_digits::THREADS, format!("\"grid\": \"[n / {}, 2·picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::ROWS_PER_BLOCK, cuda_digits::THREADS), |t| cuda_only(t, cuda_digits::matvec_source)),
+        unshared(cuda_digits::MATVEC_IQ2_XXS_SWIGLU, TextParams::Own(cuda_digits::swiglu_params()), cuda_digits::SWIGLU_THREADS, format!("\"grid\": \"[n / {}, picks, 1]\", \"block\": [{}, 1, 1]", cuda_digits::X_BLOCK, cuda_digits::SWIGLU_THREADS), cuda_digits::matvec_swiglu_source),
         TextKernel {
             name: cuda_digits::MATVEC_Q2_K,
             params: TextParams::Own(cuda_digits::down_params()),

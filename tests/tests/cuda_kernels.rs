@@ -275,11 +275,14 @@ fn row_error(ty: ds4_ir::GgmlType, row: &[u8], x: &[f32], got: f32) -> f64 {
 /// toward zero to within 2^(E-7·DIGITS) (|x| < 2^E in its block), and the
 /// mat-vec is the f64 product of the de-quantized rows with x to 1e-5 of Σ|w·x|, the bound
 /// of every mat-vec; on x blocks of mixed magnitudes, zeros included, and unused picks (-1).
+/// `matvec_digits_iq2_xxs_swiglu` makes the digits of those rows' SwiGLU as `x_digits` does.
 #[test]
 fn digits_experts_match_the_f64_product() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
     let (xk, mk) = (ks.get(cuda_digits::X_DIGITS).unwrap(), ks.get(cuda_digits::MATVEC_IQ2_XXS).unwrap());
+    let sk = ks.get(cuda_digits::MATVEC_IQ2_XXS_SWIGLU).unwrap();
+    let mut swiglu_cases = 0;
     let ty = ds4_ir::GgmlType::Iq2Xxs;
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
@@ -306,7 +309,9 @@ fn digits_experts_match_the_f64_product() {
         let (gb, ub) = (dev.alloc(picks * n * 4).unwrap(), dev.alloc(picks * n * 4).unwrap());
         let (wgb, wub, xb, sb) = (dev.upload(&regrouped(wg)).unwrap(), dev.upload(&regrouped(wu)).unwrap(), dev.upload(&x).unwrap(), dev.upload(&sel).unwrap());
         let (xd, xs, xsum) = x_digits_on(&dev, xk, xb.ptr, xb.ptr, k, None);
-        let args = [Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr), Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rrb), u(picks)];
+        let args_inputs = [Arg::Ptr(wgb.ptr), Arg::Ptr(wub.ptr), Arg::Ptr(xd.ptr), Arg::Ptr(xs.ptr), Arg::Ptr(sb.ptr), u(n), u(k), u(rrb), u(picks)];
+        let mut args = vec![Arg::Ptr(gb.ptr), Arg::Ptr(ub.ptr)];
+        args.extend_from_slice(&args_inputs);
         launch(&dev, &mk.func, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32, 1), (mk.threads, 1, 1), 0, &args).unwrap();
         // The digits give x back.
         let digits: Vec<u8> = xd.read(cuda_digits::digit_bytes(k)).unwrap();
@@ -342,7 +347,23 @@ fn digits_experts_match_the_f64_product() {
         }
         println!("{}: {n} rows × {k}, {picks} picks: worst |Δ|/Σ|w·x| {worst:.2e}", cuda_digits::MATVEC_IQ2_XXS);
         assert!(worst < 1e-5, "{}: off by {worst}", cuda_digits::MATVEC_IQ2_XXS);
+        // The launch that makes the digits of the SwiGLU for the down instead of the rows:
+        // bit for bit `x_digits` of the SwiGLU of the rows above, clamped or not.
+        if cuda_digits::swiglu_fits(n) {
+            for clamp in [1e4f32, 0.05] {
+                let h = alloc_digits(&dev, picks * n);
+                let mut args = vec![Arg::Ptr(h.0.ptr), Arg::Ptr(h.1.ptr), Arg::Ptr(h.2.ptr)];
+                args.extend_from_slice(&args_inputs);
+                args.push(Arg::F32(clamp));
+                launch(&dev, &sk.func, ((n / cuda_digits::X_BLOCK) as u32, picks as u32, 1), (sk.threads, 1, 1), 0, &args).unwrap();
+                let want = x_digits_on(&dev, xk, gb.ptr, ub.ptr, picks * n, Some(clamp));
+                assert_same_digits(&format!("{} ({n} rows × {k}, {picks} picks, clamp {clamp})", cuda_digits::MATVEC_IQ2_XXS_SWIGLU), &h, &want, picks * n);
+                println!("{}: {n} rows × {k}, {picks} picks, clamp {clamp}: the digits of gate and up then x_digits, bit for bit", cuda_digits::MATVEC_IQ2_XXS_SWIGLU);
+                swiglu_cases += 1;
+            }
+        }
     }
+    assert_eq!(swiglu_cases, 4, "{} ran on two shapes", cuda_digits::MATVEC_IQ2_XXS_SWIGLU);
 }
 
 /// `norm_rope` (a row's RMS norm, RoPE and FP8 round trip in one launch) against the

@@ -5,6 +5,17 @@
 
 use super::*;
 
+/// Digits of x (`x_digits`' outputs): the digit planes, the scales and the sums.
+pub(super) type Digits = (DeviceBuf, DeviceBuf, DeviceBuf);
+
+/// What the integer down reads: the digits of the experts' SwiGLU, made by the gate and
+/// up's launch, or their gate rows `g` and up rows `u`, whose SwiGLU (clamp `clamp`) it
+/// takes the digits of first.
+pub(super) enum DownInput {
+    Digits(Digits),
+    Rows { g: u64, u: u64, clamp: f32 },
+}
+
 impl GpuExecutor<'_> {
     /// Whether the integer mat-vec `name` may run (`cuda_digits.rs`) and it and `x_digits`
     /// are loaded. `DS4_DIGITS`: `0` none, `gate` only the experts' gate and up, `down`
@@ -23,7 +34,7 @@ impl GpuExecutor<'_> {
     }
 
     /// Buffers for the digits of `len` values: the digit planes, the scales and the sums.
-    fn alloc_digits(&self, len: usize) -> Result<(DeviceBuf, DeviceBuf, DeviceBuf), ExecError> {
+    fn alloc_digits(&self, len: usize) -> Result<Digits, ExecError> {
         Ok((self.dev.alloc(cuda_digits::digit_bytes(len))?, self.dev.alloc(len / cuda_digits::X_BLOCK * 4)?, self.dev.alloc(len / cuda_digits::SUM_SPAN * 4)?))
     }
 
@@ -116,6 +127,38 @@ impl GpuExecutor<'_> {
         Ok(true)
     }
 
+    /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
+    /// integer launch that makes the digits of their SwiGLU (clamp `clamp`) for the integer
+    /// down instead of the rows (`cuda_digits::MATVEC_IQ2_XXS_SWIGLU`: no `x_digits` launch
+    /// between them): those digits, or None where it does not run so (the rows not of
+    /// whole digit blocks; `DS4_SWIGLU_DIGITS=0`: never).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn digits_experts_swiglu(&self, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, clamp: f32, n: usize, k: usize, picks: usize) -> Result<Option<Digits>, ExecError> {
+        let name = cuda_digits::MATVEC_IQ2_XXS_SWIGLU;
+        if switched_off!("DS4_SWIGLU_DIGITS") || !self.gate_up_in_digits(gate, up) || !cuda_digits::swiglu_fits(n) || !self.kernels.by_name.contains_key(name) {
+            return Ok(None);
+        }
+        let (xd, xs, _) = self.digits_of(x, k)?;
+        let h = self.alloc_digits(picks * n)?;
+        let named = [
+            ("out_d", Arg::Ptr(h.0.ptr)),
+            ("out_s", Arg::Ptr(h.1.ptr)),
+            ("out_sum", Arg::Ptr(h.2.ptr)),
+            ("wg", Arg::Ptr(gate.ptr)),
+            ("wu", Arg::Ptr(up.ptr)),
+            ("xd", Arg::Ptr(xd.ptr)),
+            ("xs", Arg::Ptr(xs.ptr)),
+            ("sel", Arg::Ptr(sel)),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(row_bytes(gate.ty, k)?)),
+            ("picks", u(picks)),
+            ("clamp", Arg::F32(clamp)),
+        ];
+        self.call(name, ((n / cuda_digits::X_BLOCK) as u32, picks as u32), &named)?;
+        Ok(Some(h))
+    }
+
     /// Whether a decode token's expert down (`picks` experts of `n` rows of `k`) can run
     /// as one integer launch (Q2_K, whole blocks): `digits_down`.
     pub(super) fn digits_down_fits(&self, down: &DeviceTensor, n: usize, k: usize, picks: usize) -> bool {
@@ -123,15 +166,17 @@ impl GpuExecutor<'_> {
     }
 
     /// A decode token's expert down (`picks` experts of `n` rows of `k`, x a row per pick:
-    /// the SwiGLU of the gate rows `g` and the up rows `u` with clamp `clamp`, which its
-    /// digits are taken of), summed over the picks with their weights, as one integer
-    /// launch (`digits_down_fits`). `addend`: n floats added to the sum, one f32 addition
-    /// (the graph's `Add` of the shared expert: `fusion_plan.rs`); `expand`: the
-    /// `hc_expand` of out, made too where the kernel can: its value if it was.
+    /// the SwiGLU of the gate and up rows, `h`), summed over the picks with their weights,
+    /// as one integer launch (`digits_down_fits`). `addend`: n floats added to the sum, one
+    /// f32 addition (the graph's `Add` of the shared expert: `fusion_plan.rs`); `expand`:
+    /// the `hc_expand` of out, made too where the kernel can: its value if it was.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, g: u64, u_rows: u64, clamp: f32, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<Option<(usize, GVal)>, ExecError> {
+    pub(super) fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, h: DownInput, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<Option<(usize, GVal)>, ExecError> {
         let expand = self.take_expand(expand.filter(|e| cuda_digits::down_expand_fits(e.nh)))?;
-        let (xd, xs, xsum) = self.x_digits(g, picks * k, Some((u_rows, clamp)))?;
+        let (xd, xs, xsum) = match h {
+            DownInput::Digits(d) => d,
+            DownInput::Rows { g, u, clamp } => self.x_digits(g, picks * k, Some((u, clamp)))?,
+        };
         let named = [
             ("out", Arg::Ptr(out.ptr)),
             ("w", Arg::Ptr(down.ptr)),

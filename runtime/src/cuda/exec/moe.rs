@@ -4,13 +4,14 @@
 //! and the expand).
 
 use super::*;
+use super::digits::DownInput;
 
 impl GpuExecutor<'_> {
     /// A MoeExperts node: inputs x, the picks, their weights, then the gate, up and down
     /// experts; `clamp` the SwiGLU's. Values of later nodes its launches make (the add, the
     /// expand) go to `made`.
     pub(super) fn moe_experts_node(&self, nv: &NodeView, clamp: f32, made: &mut HashMap<usize, GVal>) -> Result<GVal, ExecError> {
-        let (id, n_out, label) = (nv.id, nv.n_out, nv.label);
+        let (n_out, label) = (nv.n_out, nv.label);
         let (a, sel, wts) = (nv.fs(0)?.ptr(), nv.is(1)?.ptr(), nv.fs(2)?.ptr());
         let (gate, up, down) = (nv.w(3)?, nv.w(4)?, nv.w(5)?);
         let (d, k, t) = (nv.last(0), nv.last(1), nv.rows(0));
@@ -29,6 +30,15 @@ impl GpuExecutor<'_> {
         } else {
             None
         };
+        // A decode token's integer down: its SwiGLU's digits made by the gate and up's
+        // launch where it can (the rows never stored), else by `x_digits` from the rows.
+        let int_down = groups.is_none() && t == 1 && self.digits_down_fits(down, d, ff, k);
+        if int_down {
+            if let Some(h) = self.digits_experts_swiglu(gate, up, a, sel, clamp, ff, d, k)? {
+                self.digits_ahead.replace(None);
+                return self.digits_down_node(nv, down, DownInput::Digits(h), sel, wts, made);
+            }
+        }
         let gb = self.dev.alloc(t * k * ff * 4)?;
         let ub = self.dev.alloc(t * k * ff * 4)?;
         match &groups {
@@ -51,22 +61,8 @@ impl GpuExecutor<'_> {
         self.digits_ahead.replace(None);
         // A decode's integer down takes the digits of the SwiGLU, made by `x_digits` from
         // the gate and up rows: the SwiGLU is never made.
-        if groups.is_none() && t == 1 && self.digits_down_fits(down, d, ff, k) {
-            let out = self.dev.alloc(n_out * 4)?;
-            // The graph's add of the shared expert, which this node's only reader is,
-            // folded into the integer down (`fusion_plan.rs`).
-            let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match nv.vals.get(&other.index()) {
-                Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
-                _ => None,
-            });
-            // And the expand of what it makes (the add's value, or its own).
-            let expand = self.expand_to(add.map_or(id, |(add, _)| add), nv.vals, d)?;
-            made.extend(self.digits_down(&out, down, gb.ptr, ub.ptr, clamp, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?);
-            let value = GVal::F(DevSlice::whole(out, n_out));
-            return Ok(match add {
-                Some((add, _)) => fused(made, vec![(add.index(), value)]),
-                None => value,
-            });
+        if int_down {
+            return self.digits_down_node(nv, down, DownInput::Rows { g: gb.ptr, u: ub.ptr, clamp }, sel, wts, made);
         }
         let GVal::F(h) = self.op("swiglu", t * k * ff, ff, &[("g", Arg::Ptr(gb.ptr)), ("u", Arg::Ptr(ub.ptr)), ("n", u(ff)), ("clamp", fl(clamp))])? else { unreachable!() };
         // Per token: Σ over picks of weight · down(h).
@@ -83,6 +79,32 @@ impl GpuExecutor<'_> {
                 Ok(GVal::F(DevSlice::whole(out, n_out)))
             }
         }
+    }
+}
+
+impl GpuExecutor<'_> {
+    /// The integer down of MoeExperts node `nv` (`digits_down`) on `h`: its value, with
+    /// the graph's add of the shared expert (which this node's only reader is) and the
+    /// expand of what it makes folded in where they can be (their values go to `made`).
+    fn digits_down_node(&self, nv: &NodeView, down: &DeviceTensor, h: DownInput, sel: u64, wts: u64, made: &mut HashMap<usize, GVal>) -> Result<GVal, ExecError> {
+        let (id, n_out) = (nv.id, nv.n_out);
+        let (d, k) = (nv.last(0), nv.last(1));
+        let ff = nv.w(3)?.ne[1] as usize;
+        let out = self.dev.alloc(n_out * 4)?;
+        // The graph's add of the shared expert, folded into the integer down
+        // (`fusion_plan.rs`).
+        let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match nv.vals.get(&other.index()) {
+            Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
+            _ => None,
+        });
+        // And the expand of what it makes (the add's value, or its own).
+        let expand = self.expand_to(add.map_or(id, |(add, _)| add), nv.vals, d)?;
+        made.extend(self.digits_down(&out, down, h, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?);
+        let value = GVal::F(DevSlice::whole(out, n_out));
+        Ok(match add {
+            Some((add, _)) => fused(made, vec![(add.index(), value)]),
+            None => value,
+        })
     }
 }
 
