@@ -108,19 +108,11 @@ impl GpuExecutor<'_> {
         if !self.gate_up_in_digits(gate, up) {
             return Ok(false);
         }
-        let mut named = vec![("out_g", Arg::Ptr(gb.ptr)), ("out_u", Arg::Ptr(ub.ptr))];
-        named.extend(self.gate_up_inputs(gate, up, x, sel, n, k, picks)?);
-        self.call(cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32), &named)?;
-        Ok(true)
-    }
-
-    /// The gate-and-up launches' inputs (`cuda_digits::matvec_params` but the outputs):
-    /// the experts, x's digits (made by the routing's launch where it could,
-    /// `router_select`, else here), the picks and the shapes.
-    #[allow(clippy::too_many_arguments)]
-    fn gate_up_inputs(&self, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, n: usize, k: usize, picks: usize) -> Result<NamedArgs, ExecError> {
+        // Made by the routing's launch where it could (`router_select`), else here.
         let (xd, xs, _) = self.digits_of(x, k)?;
-        Ok(vec![
+        let named = [
+            ("out_g", Arg::Ptr(gb.ptr)),
+            ("out_u", Arg::Ptr(ub.ptr)),
             ("wg", Arg::Ptr(gate.ptr)),
             ("wu", Arg::Ptr(up.ptr)),
             ("xd", Arg::Ptr(xd.ptr)),
@@ -130,7 +122,9 @@ impl GpuExecutor<'_> {
             ("k", u(k)),
             ("row_bytes", u(row_bytes(gate.ty, k)?)),
             ("picks", u(picks)),
-        ])
+        ];
+        self.call(cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32), &named)?;
+        Ok(true)
     }
 
     /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
@@ -144,10 +138,23 @@ impl GpuExecutor<'_> {
         if switched_off!("DS4_SWIGLU_DIGITS") || !self.gate_up_in_digits(gate, up) || !cuda_digits::swiglu_fits(n) || !self.kernels.by_name.contains_key(name) {
             return Ok(None);
         }
+        let (xd, xs, _) = self.digits_of(x, k)?;
         let h = self.alloc_digits(picks * n)?;
-        let mut named = vec![("out_d", Arg::Ptr(h.0.ptr)), ("out_s", Arg::Ptr(h.1.ptr)), ("out_sum", Arg::Ptr(h.2.ptr))];
-        named.extend(self.gate_up_inputs(gate, up, x, sel, n, k, picks)?);
-        named.push(("clamp", Arg::F32(clamp)));
+        let named = [
+            ("out_d", Arg::Ptr(h.0.ptr)),
+            ("out_s", Arg::Ptr(h.1.ptr)),
+            ("out_sum", Arg::Ptr(h.2.ptr)),
+            ("wg", Arg::Ptr(gate.ptr)),
+            ("wu", Arg::Ptr(up.ptr)),
+            ("xd", Arg::Ptr(xd.ptr)),
+            ("xs", Arg::Ptr(xs.ptr)),
+            ("sel", Arg::Ptr(sel)),
+            ("n", u(n)),
+            ("k", u(k)),
+            ("row_bytes", u(row_bytes(gate.ty, k)?)),
+            ("picks", u(picks)),
+            ("clamp", Arg::F32(clamp)),
+        ];
         self.call(name, ((n / cuda_digits::X_BLOCK) as u32, picks as u32), &named)?;
         Ok(Some(h))
     }
