@@ -192,7 +192,7 @@ fn decode_agrees(cfg: ds4_model::synthetic::SynthConfig, recipe: ds4_model::quan
 }
 
 /// A q2 model whose routed experts fit `matvec_digits_iq2_xxs` (IQ2_XXS rows of whole
-/// 256-blocks, 256 rows: the tiny golden models' 128-wide rows take the float mat-vecs)
+/// 256-blocks, 256 rows, as the golden tiny-q2's)
 /// and whose 256-value Q8_0 rows (`q_lora` 256: `attn_q_a`, `attn_q_b`, `attn_kv`, the
 /// shared expert's gate and up) are Q8_0_R on the device and take `matvec_digits_q8_0_r`
 /// (the tiny models' 64- and 128-value rows stay Q8_0).
