@@ -45,7 +45,10 @@
 //!
 //! The runtime (`runtime/src/cuda/exec/digits.rs`, `digits_experts`) uses it for a decode
 //! token's IQ2_XXS (on the device IQ2_XXS_R) experts with rows of whole blocks and a
-//! multiple of [`ROWS_PER_BLOCK`] rows; `DS4_DIGITS=0` turns it off.
+//! multiple of [`ROWS_PER_BLOCK`] rows; `DS4_DIGITS=0` turns it off. Where the down runs
+//! in integers too and the experts' rows are whole [`X_BLOCK`]s, [`MATVEC_IQ2_XXS_SWIGLU`]
+//! (the same loop, eight rows a warp) makes the digits of their SwiGLU for it instead of
+//! the rows (`digits_experts_swiglu`; `DS4_SWIGLU_DIGITS=0` turns it off).
 
 use crate::quant::{BufElem, QParam};
 use crate::Target;
