@@ -56,16 +56,12 @@ pub struct BenchArgs {
     /// --matvec: also measure the quantized-activation fast path.
     #[arg(long)]
     pub fast: bool,
-    /// Where the graph runs: cpu or cuda.
-    #[arg(long, default_value = "cpu")]
-    pub backend: BackendKind,
-    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
-    #[arg(long)]
-    pub pack_weights: bool,
+    #[command(flatten)]
+    pub on: crate::common::BackendArgs,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.matvec && a.backend == BackendKind::Cuda {
+    if a.matvec && a.on.backend == BackendKind::Cuda {
         return cuda_kernels(a.passes, &a.prefill);
     }
     if a.matvec {
@@ -78,10 +74,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let t_load = Instant::now();
     let (model, generate) = match &a.synthetic {
         None => (load_model(a.model.as_deref())?, BTreeSet::new()),
-        Some(arch) => synthetic_model(arch, &a.recipe, a.layers, a.backend)?,
+        Some(arch) => synthetic_model(arch, &a.recipe, a.layers, a.on.backend)?,
     };
     // One CUDA backend (kernels compiled, weights uploaded) for every measurement.
-    let cuda = a.backend.load(&model, &CudaOptions { generate, ..crate::common::cuda_options(a.pack_weights) })?;
+    let cuda = a.on.backend.load(&model, &CudaOptions { generate, ..a.on.cuda_options() })?;
     eprintln!("ds4 bench: model ready in {:.1} s", t_load.elapsed().as_secs_f64());
     // The roofline: weight bytes per decoded token (as the backend stores them) over the
     // measured copy bandwidth.

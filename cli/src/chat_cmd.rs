@@ -43,12 +43,8 @@ pub struct ChatArgs {
     /// Prefill batch size.
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
-    /// Where the model runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
-    #[arg(long, default_value = "cpu")]
-    pub backend: ds4_runtime::cuda::BackendKind,
-    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
-    #[arg(long)]
-    pub pack_weights: bool,
+    #[command(flatten)]
+    pub on: crate::common::BackendArgs,
 }
 
 fn parse_think(s: &str) -> Result<ThinkMode, String> {
@@ -91,7 +87,7 @@ impl Interrupt {
 pub fn run(a: ChatArgs) -> Result<()> {
     let sampler = crate::common::sampler_options(a.temp, a.top_p, a.min_p, a.seed)?;
     let tm = load_text_model(a.model.as_deref())?;
-    let cuda = a.backend.load(&tm.model, &crate::common::cuda_options(a.pack_weights)).context("--backend cuda")?;
+    let cuda = a.on.backend.load(&tm.model, &a.on.cuda_options()).context("--backend cuda")?;
     let interrupt = Interrupt::install()?;
     let mut chat = Chat {
         tm: &tm,

@@ -50,9 +50,23 @@ pub fn sampler_options(temp: f32, top_p: f32, min_p: f32, seed: u64) -> Result<d
     Ok(o)
 }
 
-/// The CUDA backend's options for `--pack-weights`: every weight in one allocation, or
-/// (the default) each in its own 2 MiB-aligned one.
-pub fn cuda_options(pack_weights: bool) -> ds4_runtime::cuda::CudaOptions {
-    use ds4_runtime::cuda::{CudaOptions, Placement};
-    CudaOptions { placement: if pack_weights { Placement::Packed } else { Placement::PerTensor }, ..Default::default() }
+/// Where a command's graph runs (`--backend`) and, on CUDA, how its weights are placed
+/// (`--pack-weights`): the flags every command that runs the model takes.
+#[derive(clap::Args)]
+pub struct BackendArgs {
+    /// Where the graph runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ds4_runtime::cuda::BackendKind,
+    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
+    #[arg(long)]
+    pub pack_weights: bool,
+}
+
+impl BackendArgs {
+    /// The CUDA backend's options: every weight in one allocation (`--pack-weights`), or
+    /// (the default) each in its own 2 MiB-aligned one.
+    pub fn cuda_options(&self) -> ds4_runtime::cuda::CudaOptions {
+        use ds4_runtime::cuda::{CudaOptions, Placement};
+        CudaOptions { placement: if self.pack_weights { Placement::Packed } else { Placement::PerTensor }, ..Default::default() }
+    }
 }

@@ -19,18 +19,14 @@ pub struct LogitsArgs {
     pub plain: bool,
     #[arg(long)]
     pub out: PathBuf,
-    /// Where the graph runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
-    #[arg(long, default_value = "cpu")]
-    pub backend: ds4_runtime::cuda::BackendKind,
-    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
-    #[arg(long)]
-    pub pack_weights: bool,
+    #[command(flatten)]
+    pub on: crate::common::BackendArgs,
 }
 
 pub fn run(a: LogitsArgs) -> Result<()> {
     let ids = parse_tokens(&a.tokens)?;
     let model = load_model(a.model.as_deref())?;
-    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &crate::common::cuda_options(a.pack_weights))?;
+    let mut s = AnySession::open(&model, a.on.backend, SessionOptions { plain: a.plain, ..Default::default() }, &a.on.cuda_options())?;
     let logits = s.feed(&ids)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), model.hp.vocab], &bytes)?;

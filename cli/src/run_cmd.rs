@@ -41,12 +41,8 @@ pub struct RunArgs {
     /// Print only the generated ids, comma-separated on one line.
     #[arg(long)]
     pub ids: bool,
-    /// Where the graph runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
-    #[arg(long, default_value = "cpu")]
-    pub backend: ds4_runtime::cuda::BackendKind,
-    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
-    #[arg(long)]
-    pub pack_weights: bool,
+    #[command(flatten)]
+    pub on: crate::common::BackendArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -62,7 +58,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         (None, None) => return Err(anyhow!("give a prompt with --tokens 0,5,9 or --prompt TEXT")),
     };
-    let mut s = AnySession::open(&model, a.backend, SessionOptions { plain: a.plain, ..Default::default() }, &crate::common::cuda_options(a.pack_weights))?;
+    let mut s = AnySession::open(&model, a.on.backend, SessionOptions { plain: a.plain, ..Default::default() }, &a.on.cuda_options())?;
     let mut sampler = Sampler::new(sampling);
     let t0 = std::time::Instant::now();
     let logits = s.prefill_last(&prompt, a.chunk)?;

@@ -56,12 +56,8 @@ pub struct ServeArgs {
     /// On SIGTERM / SIGINT, seconds to let running generations finish before they are cut.
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_timeout: f64,
-    /// Where the model runs: cpu or cuda (NVRTC-compiled generated kernels on GPU 0).
-    #[arg(long, default_value = "cpu")]
-    pub backend: ds4_runtime::cuda::BackendKind,
-    /// CUDA: all weights in one allocation instead of one 2 MiB-aligned allocation per tensor.
-    #[arg(long)]
-    pub pack_weights: bool,
+    #[command(flatten)]
+    pub on: crate::common::BackendArgs,
 }
 
 fn parse_think(s: &str) -> Result<ThinkMode, String> {
@@ -99,7 +95,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     anyhow::ensure!(a.max_tokens >= 1, "--max-tokens must be at least 1");
     anyhow::ensure!(a.shutdown_timeout >= 0.0, "--shutdown-timeout must not be negative");
     let tm: &'static TextModel = Box::leak(Box::new(load_text_model(a.model.as_deref())?));
-    let cuda = a.backend.load(&tm.model, &crate::common::cuda_options(a.pack_weights)).context("--backend cuda")?;
+    let cuda = a.on.backend.load(&tm.model, &a.on.cuda_options()).context("--backend cuda")?;
     let state = Arc::new(State {
         tm,
         cuda,
