@@ -6,7 +6,7 @@
 //! a time). Without a CUDA device or driver it prints "skipped: no CUDA device" and passes.
 
 use ds4_golden::model_path;
-use ds4_runtime::cuda::{skip_reason, target_for, CudaBackend, CudaOptions, Device, DeviceWeights, Placement, TENSOR_ALIGN};
+use ds4_runtime::cuda::{skip_reason, target_for, CudaBackend, CudaOptions, Device, Placement, WeightPlan, TENSOR_ALIGN};
 use ds4_runtime::Model;
 
 #[test]
@@ -19,7 +19,8 @@ fn a_model_the_device_cannot_hold_is_refused() {
     let model = Model::load(&model_path("tiny-q2")).unwrap();
     let dev = Device::open().unwrap();
     let graphs = [&model.graph, &model.graph_plain];
-    let (_, need, packed) = DeviceWeights::plan(&model.weights, &graphs, Placement::PerTensor, target_for(dev.sm)).unwrap();
+    let plan = WeightPlan::of(&model.weights, &graphs, Placement::PerTensor, target_for(dev.sm)).unwrap();
+    let (need, packed) = (plan.need, plan.packed);
     // All but half of what the weights need in their default placement (2 MiB-padded
     // tensors: ~330 MB for tiny-q2, while packed they take ~8 MB).
     let (free, _) = dev.memory().unwrap();

@@ -44,7 +44,7 @@ pub use compile::{target_for, Kernels, Loaded};
 pub use device::{launch, probe, Arg, CudaError, DevSlice, Device, DeviceBuf, MappedI32, Marker};
 pub use device_log::DeviceLog;
 pub use exec::{expert_groups, matvec_row_blocks, mma_k_slices, use_graphs};
-pub use placement::{DeviceWeights, Placement, PACKED_ALIGN, TENSOR_ALIGN};
+pub use placement::{DeviceWeights, Placement, Planned, WeightPlan, PACKED_ALIGN, TENSOR_ALIGN};
 pub use session::{CudaBackend, CudaOptions, CudaSession};
 /// The kernel set and quant kernel names the backend compiles (from the codegen core).
 pub use ds4_codegen::manifest::KernelSet;

@@ -94,14 +94,88 @@ fn fits(need: usize, packed: usize, free: usize, total: usize, device: &str) -> 
     )))
 }
 
+/// A weight in the upload's plan: its name, its device type and its bytes in it
+/// (`on_device`).
+pub struct Planned {
+    pub name: String,
+    pub ty: GgmlType,
+    pub bytes: usize,
+}
+
+/// How `DeviceWeights::upload` lays out a model's weights: its allocations (each a list of
+/// weights, in order), and the device bytes they take as `placement` lays them out
+/// (`need`) and packed in one allocation (`packed`). Made once, before anything is
+/// uploaded, so that a model the device cannot hold is refused first (`check_fits`).
+pub struct WeightPlan {
+    pub placement: Placement,
+    pub allocations: Vec<Vec<Planned>>,
+    pub need: usize,
+    pub packed: usize,
+}
+
+impl WeightPlan {
+    /// The plan for the weights of `graphs` (their union) on `target`.
+    pub fn of(weights: &Weights, graphs: &[&Graph], placement: Placement, target: Target) -> Result<WeightPlan, CudaError> {
+        let names: BTreeSet<String> = graphs.iter().flat_map(|g| g.weights().into_iter().map(|(n, _)| n.to_string())).collect();
+        // Each weight's device type and bytes, once.
+        let sized: HashMap<&str, (GgmlType, usize)> = names.iter().map(|n| Ok((n.as_str(), on_device(&view(weights, n)?, target)))).collect::<Result<_, CudaError>>()?;
+        let groups: Vec<Vec<String>> = match placement {
+            Placement::PerTensor => {
+                // Weights of mat-vecs that read the same x back to back, one allocation a
+                // group (`matvec_groups.rs`); every other tensor in its own.
+                let type_of = |n: &str| Some((sized.get(n)?.0, weights.get(n)?.ne[0]));
+                let mut groups: Vec<Vec<String>> = Vec::new();
+                let mut placed = BTreeSet::new();
+                for g in graphs {
+                    for group in super::matvec_groups::weight_groups(g, &type_of) {
+                        if group.iter().all(|n| !placed.contains(n)) {
+                            placed.extend(group.iter().cloned());
+                            groups.push(group);
+                        }
+                    }
+                }
+                groups.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
+                groups
+            }
+            Placement::Packed => vec![names.iter().cloned().collect()],
+        };
+        let allocations: Vec<Vec<Planned>> = groups
+            .into_iter()
+            .map(|g| {
+                g.into_iter()
+                    .map(|name| {
+                        let &(ty, bytes) = sized.get(name.as_str()).ok_or_else(|| CudaError(format!("weight {name} is not among the graphs' weights")))?;
+                        Ok(Planned { name, ty, bytes })
+                    })
+                    .collect::<Result<_, CudaError>>()
+            })
+            .collect::<Result<_, _>>()?;
+        let per_tensor = allocations.iter().map(|a| round_up(a.iter().map(|w| w.bytes).sum::<usize>().max(1), TENSOR_ALIGN)).sum();
+        let packed = allocations.iter().flatten().map(|w| round_up(w.bytes, PACKED_ALIGN)).sum();
+        let need = match placement {
+            Placement::PerTensor => per_tensor,
+            Placement::Packed => packed,
+        };
+        Ok(WeightPlan { placement, allocations, need, packed })
+    }
+
+    /// Whether the plan's weights fit in `dev`'s free memory: else the error that says
+    /// what they need, what the device has and what to do.
+    pub fn check_fits(&self, dev: &Device) -> Result<(), CudaError> {
+        let (free, total) = dev.memory()?;
+        fits(self.need, self.packed, free, total, &dev.name)
+    }
+}
+
 impl DeviceWeights {
-    /// Uploads the weights of `graphs` (their union).
+    /// Uploads the weights of `graphs` as `plan` lays them out (made of the same graphs;
+    /// the caller has checked that they fit: `WeightPlan::check_fits`).
     /// `generate`: tensors made in device memory from random data instead of copied from
     /// the file (`ds4 bench --synthetic`, whose file leaves them as zeros).
     /// Each tensor in its device type on `target` (`ds4_codegen::quant::device_type`:
     /// Q8_0 rows regrouped as Q8_0_R, the same size; IQ2_XXS as IQ2_XXS_R, 72 bytes a
     /// block where the file has 66).
-    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], placement: Placement, generate: &BTreeSet<String>, target: Target) -> Result<DeviceWeights, CudaError> {
+    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], plan: &WeightPlan, generate: &BTreeSet<String>) -> Result<DeviceWeights, CudaError> {
         let mut vec_names = BTreeSet::new();
         for g in graphs {
             for id in g.order() {
@@ -113,48 +187,23 @@ impl DeviceWeights {
                 }
             }
         }
-        // Planned first, so that a model the device cannot hold is refused before
-        // anything is uploaded.
-        let allocations = Self::check_fits(dev, weights, graphs, placement, target)?;
         let mut tensors = HashMap::new();
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
         let mut total = 0;
-        match placement {
-            Placement::PerTensor => {
-                for group in &allocations {
-                    let views = group.iter().map(|n| view(weights, n)).collect::<Result<Vec<_>, _>>()?;
-                    let kept: Vec<(GgmlType, usize)> = views.iter().map(|w| on_device(w, target)).collect();
-                    let buf = aligned_alloc(dev, kept.iter().map(|k| k.1).sum())?;
-                    let mut at = buf.1;
-                    for ((n, w), &(ty, bytes)) in group.iter().zip(&views).zip(&kept) {
-                        fill(&buf.0, at, w, ty, bytes, generate.contains(n), &mut tiles)?;
-                        tensors.insert(n.clone(), DeviceTensor { ptr: buf.0.ptr + at as u64, ty, ne: w.ne.to_vec(), bytes });
-                        at += bytes;
-                    }
-                    total += buf.0.bytes;
-                    blocks.push(buf.0);
-                }
+        for group in &plan.allocations {
+            let (offsets, at) = offsets(group, plan.placement);
+            let (buf, base) = match plan.placement {
+                Placement::PerTensor => aligned_alloc(dev, at)?,
+                Placement::Packed => (dev.alloc_owned(at)?, 0),
+            };
+            for (p, off) in group.iter().zip(offsets) {
+                let w = view(weights, &p.name)?;
+                fill(&buf, base + off, &w, p.ty, p.bytes, generate.contains(&p.name), &mut tiles)?;
+                tensors.insert(p.name.clone(), DeviceTensor { ptr: buf.ptr + (base + off) as u64, ty: p.ty, ne: w.ne.to_vec(), bytes: p.bytes });
             }
-            Placement::Packed => {
-                // Each tensor's offset, device type and bytes.
-                let mut places = Vec::new();
-                let mut at = 0;
-                let names = &allocations[0];
-                for n in names {
-                    let (ty, bytes) = on_device(&view(weights, n)?, target);
-                    places.push((at, ty, bytes));
-                    at = round_up(at + bytes, PACKED_ALIGN);
-                }
-                let arena = dev.alloc_owned(at)?;
-                for (n, &(off, ty, bytes)) in names.iter().zip(&places) {
-                    let w = view(weights, n)?;
-                    fill(&arena, off, &w, ty, bytes, generate.contains(n), &mut tiles)?;
-                    tensors.insert(n.clone(), DeviceTensor { ptr: arena.ptr + off as u64, ty, ne: w.ne.to_vec(), bytes });
-                }
-                total += arena.bytes;
-                blocks.push(arena);
-            }
+            total += buf.bytes;
+            blocks.push(buf);
         }
         let mut vectors = HashMap::new();
         for n in &vec_names {
@@ -164,53 +213,6 @@ impl DeviceWeights {
         Ok(DeviceWeights { tensors, vectors, _blocks: blocks, bytes: total })
     }
 
-    /// Whether the weights of `graphs` fit in `dev`'s free memory as `placement` lays them
-    /// out (`plan`): their allocations, or the error that says what they need, what the
-    /// device has and what to do.
-    pub fn check_fits(dev: &Device, weights: &Weights, graphs: &[&Graph], placement: Placement, target: Target) -> Result<Vec<Vec<String>>, CudaError> {
-        let (allocations, need, packed) = Self::plan(weights, graphs, placement, target)?;
-        let (free, total) = dev.memory()?;
-        fits(need, packed, free, total, &dev.name)?;
-        Ok(allocations)
-    }
-
-    /// How `upload` lays out the weights of `graphs`: its allocations (each a list of
-    /// tensors), their device bytes in `placement`, and in one packed allocation.
-    pub fn plan(weights: &Weights, graphs: &[&Graph], placement: Placement, target: Target) -> Result<(Vec<Vec<String>>, usize, usize), CudaError> {
-        let names: BTreeSet<String> = graphs.iter().flat_map(|g| g.weights().into_iter().map(|(n, _)| n.to_string())).collect();
-        let allocations: Vec<Vec<String>> = match placement {
-            Placement::PerTensor => {
-                // Weights of mat-vecs that read the same x back to back, one allocation a
-                // group (`matvec_groups.rs`); every other tensor in its own.
-                let type_of = |n: &str| weights.get(n).map(|w| (on_device(&w, target).0, w.ne[0]));
-                let mut allocations: Vec<Vec<String>> = Vec::new();
-                let mut placed = BTreeSet::new();
-                for g in graphs {
-                    for group in super::matvec_groups::weight_groups(g, &type_of) {
-                        if group.iter().all(|n| !placed.contains(n)) {
-                            placed.extend(group.iter().cloned());
-                            allocations.push(group);
-                        }
-                    }
-                }
-                allocations.extend(names.iter().filter(|n| !placed.contains(*n)).map(|n| vec![n.clone()]));
-                allocations
-            }
-            Placement::Packed => vec![names.into_iter().collect()],
-        };
-        let (mut per_tensor, mut packed) = (0, 0);
-        for group in &allocations {
-            let bytes = group.iter().map(|n| Ok(on_device(&view(weights, n)?, target).1)).collect::<Result<Vec<_>, CudaError>>()?;
-            per_tensor += round_up(bytes.iter().sum::<usize>().max(1), TENSOR_ALIGN);
-            packed += bytes.iter().map(|&b| round_up(b, PACKED_ALIGN)).sum::<usize>();
-        }
-        let need = match placement {
-            Placement::PerTensor => per_tensor,
-            Placement::Packed => packed,
-        };
-        Ok((allocations, need, packed))
-    }
-
     pub fn tensor(&self, name: &str) -> Result<&DeviceTensor, CudaError> {
         self.tensors.get(name).ok_or_else(|| CudaError(format!("weight {name} was not uploaded")))
     }
@@ -218,6 +220,26 @@ impl DeviceWeights {
     pub fn vector(&self, name: &str) -> Result<&DeviceBuf, CudaError> {
         self.vectors.get(name).ok_or_else(|| CudaError(format!("weight {name} was not uploaded as a vector")))
     }
+}
+
+/// Each weight's byte offset in its allocation, and the bytes the allocation holds: back to
+/// back in a (2 MiB-aligned) allocation of its group, or at 256-byte offsets in the one
+/// packed allocation.
+fn offsets(group: &[Planned], placement: Placement) -> (Vec<usize>, usize) {
+    let align = match placement {
+        Placement::PerTensor => 1,
+        Placement::Packed => PACKED_ALIGN,
+    };
+    let mut at = 0;
+    let offsets = group
+        .iter()
+        .map(|w| {
+            let off = at;
+            at = round_up(at + w.bytes, align);
+            off
+        })
+        .collect();
+    (offsets, at)
 }
 
 /// Blocks regrouped at a time on the host (`regroup`): 2^18, 17-18 MiB of either layout.
@@ -359,9 +381,10 @@ mod tests {
         assert!(regroup_of(GgmlType::Q8_0).is_none() && regroup_of(GgmlType::Iq2Xxs).is_none());
     }
 
-    /// The upload's plan on the tiny q2 model: every weight in exactly one allocation;
-    /// per tensor each allocation whole 2 MiB units of its tensors' device bytes, packed
-    /// one allocation of them at 256-byte offsets (so never more than per tensor).
+    /// The upload's plan on the tiny q2 model: every weight in exactly one allocation, in
+    /// its device type and bytes; per tensor each allocation whole 2 MiB units of its
+    /// tensors' device bytes, packed one allocation of them at 256-byte offsets (so never
+    /// more than per tensor).
     #[test]
     fn plan_places_every_weight_once() {
         let model = crate::cuda::tiny_q2();
@@ -370,19 +393,33 @@ mod tests {
         let names: BTreeSet<String> = graphs.iter().flat_map(|g| g.weights().into_iter().map(|(n, _)| n.to_string())).collect();
         let bytes = |n: &str| on_device(&model.weights.get(n).unwrap(), target).1;
         for placement in [Placement::PerTensor, Placement::Packed] {
-            let (allocations, need, packed) = DeviceWeights::plan(&model.weights, &graphs, placement, target).unwrap();
-            let placed: Vec<&String> = allocations.iter().flatten().collect();
+            let plan = WeightPlan::of(&model.weights, &graphs, placement, target).unwrap();
+            let placed: Vec<&Planned> = plan.allocations.iter().flatten().collect();
             assert_eq!(placed.len(), names.len(), "{placement:?}: a weight placed twice or not at all");
-            assert_eq!(placed.iter().map(|n| n.as_str()).collect::<BTreeSet<_>>(), names.iter().map(|n| n.as_str()).collect(), "{placement:?}");
-            assert_eq!(packed, names.iter().map(|n| round_up(bytes(n), PACKED_ALIGN)).sum::<usize>(), "{placement:?}");
+            assert_eq!(placed.iter().map(|w| w.name.as_str()).collect::<BTreeSet<_>>(), names.iter().map(|n| n.as_str()).collect(), "{placement:?}");
+            for w in &placed {
+                assert_eq!((w.ty, w.bytes), on_device(&model.weights.get(&w.name).unwrap(), target), "{placement:?}: {}", w.name);
+            }
+            assert_eq!(plan.packed, names.iter().map(|n| round_up(bytes(n), PACKED_ALIGN)).sum::<usize>(), "{placement:?}");
             match placement {
                 Placement::PerTensor => {
-                    assert_eq!(need, allocations.iter().map(|g| round_up(g.iter().map(|n| bytes(n)).sum::<usize>().max(1), TENSOR_ALIGN)).sum::<usize>());
-                    assert!(need > packed && need.is_multiple_of(TENSOR_ALIGN));
+                    assert_eq!(plan.need, plan.allocations.iter().map(|g| round_up(g.iter().map(|w| bytes(&w.name)).sum::<usize>().max(1), TENSOR_ALIGN)).sum::<usize>());
+                    assert!(plan.need > plan.packed && plan.need.is_multiple_of(TENSOR_ALIGN));
                 }
-                Placement::Packed => assert_eq!((allocations.len(), need), (1, packed)),
+                Placement::Packed => assert_eq!((plan.allocations.len(), plan.need), (1, plan.packed)),
             }
         }
+    }
+
+    /// A group's weights back to back per tensor; at 256-byte offsets packed, the
+    /// allocation ending on one.
+    #[test]
+    fn offsets_back_to_back_or_packed() {
+        let w = |bytes| Planned { name: String::new(), ty: GgmlType::F32, bytes };
+        let group = [w(100), w(68), w(4096), w(1)];
+        assert_eq!(offsets(&group, Placement::PerTensor), (vec![0, 100, 168, 4264], 4265));
+        assert_eq!(offsets(&group, Placement::Packed), (vec![0, 256, 512, 4608], 4864));
+        assert_eq!(offsets(&[], Placement::Packed), (vec![], 0));
     }
 
     /// A model that fits is let through; one that does not is refused with what it needs,

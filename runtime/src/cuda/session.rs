@@ -8,7 +8,7 @@ use super::device_log::DeviceLog;
 use super::exec::{GpuExecutor, GreedyPicks, StepIds};
 use super::expert_ids::check_expert_sources;
 use super::fusion_plan::FusionPlan;
-use super::placement::{DeviceWeights, Placement};
+use super::placement::{DeviceWeights, Placement, WeightPlan};
 use crate::session::{Model, ModelError, SessionOptions};
 use crate::state::SessionState;
 use ds4_codegen::manifest::KernelSet;
@@ -57,14 +57,15 @@ impl<'m> CudaBackend<'m> {
         let target = super::compile::target_for(dev.sm);
         // A model the device cannot hold is refused before its kernels compile.
         let graphs = [&model.graph, &model.graph_plain];
-        DeviceWeights::check_fits(&dev, &model.weights, &graphs, opts.placement, target)?;
+        let plan = WeightPlan::of(&model.weights, &graphs, opts.placement, target)?;
+        plan.check_fits(&dev)?;
         let mut set = KernelSet::for_graph(&model.graph, target);
         set.extend(KernelSet::for_graph(&model.graph_plain, target));
         let kernels = Kernels::compile(&dev, &set)?;
         if let Some(k) = kernels.by_name.get(ds4_codegen::cuda_copy::NAME) {
             dev.set_copy_kernel(&k.func)?;
         }
-        let weights = DeviceWeights::upload(&dev, &model.weights, &graphs, opts.placement, &opts.generate, target)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &graphs, &plan, &opts.generate)?;
         let dummy = dev.alloc(16)?;
         let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
         let plans = [&model.graph, &model.graph_last, &model.graph_plain, &model.graph_plain_last].into_iter().map(|g| (g, Arc::new(FusionPlan::of(g)))).collect();
