@@ -369,12 +369,12 @@ fn digits_combined(name: &str) -> String {
     (1..DIGITS).rev().fold(format!("(float){name}[{}]", DIGITS - 1), |acc, p| format!("({acc}) * 0.0078125f + (float){name}[{}]", p - 1))
 }
 
-/// A warp's four rows' sums, `value` (an expression of row r's `part[r]`) added over its
+/// A warp's `rows` rows' sums, `value` (an expression of row r's `part[r]`) added over its
 /// lanes, stored by lane 0 at `dst` (an expression of r): the integer mat-vecs' end.
-fn four_row_sums(value: &str, dst: &str) -> String {
+fn row_sums(rows: usize, value: &str, dst: &str) -> String {
     format!(
         "    #pragma unroll
-    for (unsigned int r = 0; r < 4u; r++) {{
+    for (unsigned int r = 0; r < {rows}u; r++) {{
         float v = {value};
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0u) {dst} = v;
@@ -506,20 +506,15 @@ fn gate_up_source(swiglu: Option<String>) -> String {
         ),
     };
     let end = match fused {
-        false => format!("    float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;\n{}", four_row_sums("pick >= 0 ? part[r] : 0.0f", "out[r]")),
+        false => format!("    float* const out = (up ? ds4_out_u : ds4_out_g) + p * n + row0;\n{}", row_sums(rows, "pick >= 0 ? part[r] : 0.0f", "out[r]")),
         true => format!(
             "    // The rows' sums as the gate-and-up kernel stores them, then their SwiGLU's digits
     // (`x_digits`' of picks · n values: digit block p · n / {X_BLOCK} + blockIdx.x).
     __shared__ float ds4_gu[2][{X_BLOCK}];
-    #pragma unroll
-    for (unsigned int r = 0; r < 8u; r++) {{
-        float v = pick >= 0 ? part[r] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0u) ds4_gu[up ? 1 : 0][(warp % 4u) * 8u + r] = v;
-    }}
-    __syncthreads();
+{sums}    __syncthreads();
     if (warp == 0u) ds4_x_digits_value(swiglu_value(ds4_gu[0][lane], ds4_gu[1][lane], clamp), p * (n / {X_BLOCK}ull) + blockIdx.x, ds4_out_d, ds4_out_s, ds4_out_sum, picks * n);
-"
+",
+            sums = row_sums(rows, "pick >= 0 ? part[r] : 0.0f", "ds4_gu[up ? 1 : 0][(warp % 4u) * 8u + r]")
         ),
     };
     let entry = match fused {
@@ -682,7 +677,7 @@ pub fn dense_source() -> String {
         unroll = DENSE_UNROLL,
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),
-        sums = four_row_sums("part[r]", "ds4_out[row0 + r]"),
+        sums = row_sums(4, "part[r]", "ds4_out[row0 + r]"),
     );
     s
 }
@@ -770,7 +765,7 @@ pub fn down_source() -> String {
         a1_sum = digits_combined("a1"),
         trig = crate::cuda::GRID_TRIGGER,
         stage = crate::cuda_hc_expand::stage_call(4, "row0", "0u"),
-        sums = four_row_sums("part[r]", "parts[p][r]"),
+        sums = row_sums(4, "part[r]", "parts[p][r]"),
     );
     s
 }

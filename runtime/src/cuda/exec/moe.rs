@@ -80,9 +80,7 @@ impl GpuExecutor<'_> {
             }
         }
     }
-}
 
-impl GpuExecutor<'_> {
     /// The integer down of MoeExperts node `nv` (`digits_down`) on `h`: its value, with
     /// the graph's add of the shared expert (which this node's only reader is) and the
     /// expand of what it makes folded in where they can be (their values go to `made`).
