@@ -108,23 +108,31 @@ impl GpuExecutor<'_> {
         if !self.gate_up_in_digits(gate, up) {
             return Ok(false);
         }
-        // Made by the routing's launch where it could (`router_select`), else here.
-        let (xd, xs, _) = self.digits_of(x, k)?;
-        let named = [
-            ("out_g", Arg::Ptr(gb.ptr)),
-            ("out_u", Arg::Ptr(ub.ptr)),
+        let (mut named, _x_digits) = self.gate_up_inputs(gate, up, x, sel, n, k, picks)?;
+        named.extend([("out_g", Arg::Ptr(gb.ptr)), ("out_u", Arg::Ptr(ub.ptr))]);
+        self.call(cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32), &named)?;
+        Ok(true)
+    }
+
+    /// The inputs both integer gate-and-up launches read: the weights, x's digits (made by
+    /// the routing's launch where it could, `router_select`, else here), the routing and
+    /// the sizes. x's digit buffers come back with the list: the caller keeps them until
+    /// the launch is queued, or their memory returns to the pool under it.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_inputs(&self, gate: &DeviceTensor, up: &DeviceTensor, x: u64, sel: u64, n: usize, k: usize, picks: usize) -> Result<(NamedArgs, Digits), ExecError> {
+        let xd = self.digits_of(x, k)?;
+        let named = vec![
             ("wg", Arg::Ptr(gate.ptr)),
             ("wu", Arg::Ptr(up.ptr)),
-            ("xd", Arg::Ptr(xd.ptr)),
-            ("xs", Arg::Ptr(xs.ptr)),
+            ("xd", Arg::Ptr(xd.0.ptr)),
+            ("xs", Arg::Ptr(xd.1.ptr)),
             ("sel", Arg::Ptr(sel)),
             ("n", u(n)),
             ("k", u(k)),
             ("row_bytes", u(row_bytes(gate.ty, k)?)),
             ("picks", u(picks)),
         ];
-        self.call(cuda_digits::MATVEC_IQ2_XXS, ((n / cuda_digits::ROWS_PER_BLOCK) as u32, 2 * picks as u32), &named)?;
-        Ok(true)
+        Ok((named, xd))
     }
 
     /// A decode token's expert gate and up (`picks` experts of `n` rows of `k`) as one
@@ -138,23 +146,9 @@ impl GpuExecutor<'_> {
         if switched_off!("DS4_SWIGLU_DIGITS") || !self.gate_up_in_digits(gate, up) || !cuda_digits::swiglu_fits(n) || !self.kernels.by_name.contains_key(name) {
             return Ok(None);
         }
-        let (xd, xs, _) = self.digits_of(x, k)?;
+        let (mut named, _x_digits) = self.gate_up_inputs(gate, up, x, sel, n, k, picks)?;
         let h = self.alloc_digits(picks * n)?;
-        let named = [
-            ("out_d", Arg::Ptr(h.0.ptr)),
-            ("out_s", Arg::Ptr(h.1.ptr)),
-            ("out_sum", Arg::Ptr(h.2.ptr)),
-            ("wg", Arg::Ptr(gate.ptr)),
-            ("wu", Arg::Ptr(up.ptr)),
-            ("xd", Arg::Ptr(xd.ptr)),
-            ("xs", Arg::Ptr(xs.ptr)),
-            ("sel", Arg::Ptr(sel)),
-            ("n", u(n)),
-            ("k", u(k)),
-            ("row_bytes", u(row_bytes(gate.ty, k)?)),
-            ("picks", u(picks)),
-            ("clamp", Arg::F32(clamp)),
-        ];
+        named.extend([("out_d", Arg::Ptr(h.0.ptr)), ("out_s", Arg::Ptr(h.1.ptr)), ("out_sum", Arg::Ptr(h.2.ptr)), ("clamp", Arg::F32(clamp))]);
         self.call(name, ((n / cuda_digits::X_BLOCK) as u32, picks as u32), &named)?;
         Ok(Some(h))
     }
