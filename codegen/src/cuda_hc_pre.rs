@@ -66,7 +66,20 @@ pub fn params() -> Vec<QParam> {
         QParam::Scalar { name: "has_norm" },
         QParam::Float { name: "eps_a" },
         QParam::Scalar { name: "comb" },
+        QParam::Buffer { name: "rw", elem: BufElem::Bytes, mutable: false },
+        QParam::Buffer { name: "rparts", elem: BufElem::F32, mutable: true },
+        QParam::Buffer { name: "ainv", elem: BufElem::F32, mutable: true },
+        QParam::Scalar { name: "r_rows" },
     ]
+}
+
+/// Router rows a block of the launch's router part takes ([`router_blocks`]).
+pub const ROUTER_ROWS: usize = 4;
+
+/// Blocks of the router part for a router of `rows` experts (0: none): they follow the
+/// mix's 2·nh + nh² blocks in the grid's x.
+pub fn router_blocks(rows: usize) -> usize {
+    rows.div_ceil(ROUTER_ROWS)
 }
 
 /// `hc_pre`'s Sinkhorn as a launch of its own: the combination entries of the mix from
@@ -157,7 +170,8 @@ pub fn fits(nh: usize, d: usize, tokens: usize) -> bool {
     cuda_hc_mix::fits(nh) && d.is_multiple_of(4) && (1..=MAX_TOKENS).contains(&tokens)
 }
 
-/// The CUDA source. Launch: grid (2·nh + nh², tokens), `THREADS` threads.
+/// The CUDA source. Launch: grid (2·nh + nh² + [`router_blocks`]`(r_rows)`, tokens),
+/// `THREADS` threads.
 pub fn source() -> String {
     let mut s = format!("// {NAME}: a token's plain RMS norm, projection, mix and collapse in one launch (codegen/src/cuda_hc_pre.rs).\n\n");
     s.push_str(&comb_helpers());
@@ -186,6 +200,63 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     const unsigned int mw = 2 * h + h * h;
     const unsigned int n4 = h * (unsigned int)d / 4;
     const float4* const x = (const float4*)(ds4_x + (unsigned long long)item * nh * d);
+    if (row >= mw) {{
+        // The router's part: rows j0 .. j0 + ROUTER_ROWS of the router's F16 weights
+        // (r_rows rows of d) against each stream scaled by the collapse's norm weight,
+        // P[j][i] = Σ_c W[j][c]·g[c]·x_i[c]. The router's logits are the normed collapse's
+        // products, inv · Σ_i pre_i · P[j][i] (`ainv`, the pre weights in `mix`), which
+        // `router_select` adds: the router's mat-vec needs only the streams, so it runs
+        // here beside the projection rows instead of as a launch after this one.
+        const unsigned int d4r = (unsigned int)d / 4;
+        const unsigned int j0 = (row - mw) * {RR}u;
+        const uint2* const rw = (const uint2*)(ds4_rw + (unsigned long long)j0 * d * 2);
+        uint2 rfirst[{RR}];
+        #pragma unroll
+        for (unsigned int jj = 0; jj < {RR}u; jj++) rfirst[jj] = make_uint2(0u, 0u);
+{guard_open_r}        #pragma unroll
+        for (unsigned int jj = 0; jj < {RR}u; jj++) {{
+            if (j0 + jj < (unsigned int)r_rows && threadIdx.x < d4r) rfirst[jj] = __ldg(rw + jj * d4r + threadIdx.x);
+        }}
+{guard_close}{wait}        float acc[{RR} * DS4_MAX_NH];
+        #pragma unroll
+        for (unsigned int q = 0; q < {RR}u * DS4_MAX_NH; q++) acc[q] = 0.0f;
+        const float4* const g4 = (const float4*)ds4_norm_w;
+        for (unsigned int c = threadIdx.x; c < d4r; c += blockDim.x) {{
+            const float4 g = has_norm != 0ull ? g4[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            #pragma unroll
+            for (unsigned int jj = 0; jj < {RR}u; jj++) {{
+                if (j0 + jj >= (unsigned int)r_rows) continue;
+                const float4 w = ds4_half4(c == threadIdx.x ? rfirst[jj] : __ldg(rw + jj * d4r + c));
+                const float4 wg = make_float4(w.x * g.x, w.y * g.y, w.z * g.z, w.w * g.w);
+                #pragma unroll
+                for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
+                    if (i < h) {{
+                        const float4 v = x[i * d4r + c];
+                        float t = acc[jj * DS4_MAX_NH + i];
+                        t = fmaf(wg.x, v.x, t); t = fmaf(wg.y, v.y, t); t = fmaf(wg.z, v.z, t); t = fmaf(wg.w, v.w, t);
+                        acc[jj * DS4_MAX_NH + i] = t;
+                    }}
+                }}
+            }}
+        }}
+        // The block's sums: each warp's by shuffles, then the warps' in order.
+        __shared__ float rsum[32][{RR} * DS4_MAX_NH];
+        const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+        #pragma unroll
+        for (unsigned int q = 0; q < {RR}u * DS4_MAX_NH; q++) {{
+            float t = acc[q];
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (lane == 0u) rsum[warp][q] = t;
+        }}
+        __syncthreads();
+        if (threadIdx.x < {RR}u * DS4_MAX_NH) {{
+            const unsigned int jj = threadIdx.x / DS4_MAX_NH, i = threadIdx.x % DS4_MAX_NH;
+            float t = 0.0f;
+            for (unsigned int w = 0; w < blockDim.x / 32u; w++) t += rsum[w][threadIdx.x];
+            if (j0 + jj < (unsigned int)r_rows && i < h) ds4_rparts[((unsigned long long)item * r_rows + j0 + jj) * h + i] = t;
+        }}
+        return;
+    }}
     const uint2* const wr = (const uint2*)(ds4_w + (unsigned long long)row * nh * d * 2);
     // The row's first weights before the wait (no kernel writes them): in a decode step's
     // graph the kernel before this one lets it start while its last blocks add and store.
@@ -277,11 +348,16 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         mine = acc;
         yy_part += acc.x * acc.x; yy_part += acc.y * acc.y; yy_part += acc.z * acc.z; yy_part += acc.w * acc.w;
     }}
-    if (has_norm == 0) return;
+    if (has_norm == 0) {{
+        if (r_rows != 0ull && threadIdx.x == 0) ds4_ainv[item] = 1.0f;
+        return;
+    }}
     // The collapse's weighted RMS norm (`rms_norm`: y · inv · w), each thread re-reading
     // the outputs it wrote (held: its one output, kept).
     const float yy = ds4_block_sum(yy_part);
     const float inv_a = rms_inv(yy, d, eps_a);
+    // The router part's scale (`r_rows`): its logits are the normed collapse's.
+    if (r_rows != 0ull && threadIdx.x == 0) ds4_ainv[item] = inv_a;
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
         const float4 v = held ? mine : y[c];
         const float4 g = nw[c];
@@ -292,8 +368,10 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         entry = crate::cuda::own_entry_unwaited(NAME, &THREADS.to_string(), &params()),
         wait = crate::cuda::GRID_WAIT,
         guard_open = crate::cuda::before_wait_open("n4 != 0u"),
+        guard_open_r = crate::cuda::before_wait_open("d4r != 0u"),
         guard_close = crate::cuda::BEFORE_WAIT_CLOSE,
-        PREFETCH = 4
+        PREFETCH = 4,
+        RR = ROUTER_ROWS,
     ));
     s
 }
@@ -319,14 +397,18 @@ mod tests {
         assert!(!fits(4, 4096, 0) && !fits(4, 4096, MAX_TOKENS + 1) && !fits(6, 4096, 1) && !fits(4, 4098, 1));
     }
 
-    /// The first weights' loads sit in a branch of their own ahead of the wait: straight-line
-    /// loads ptxas issued after it (`cuda::before_wait_open`).
+    /// The first weights' loads, the projection rows' and the router part's, each sit in a
+    /// branch of their own ahead of their path's wait: straight-line loads ptxas issued
+    /// after it (`cuda::before_wait_open`).
     #[test]
     fn first_weights_load_in_a_branch_before_the_wait() {
         let src = source();
-        let (open, wait) = (src.find("    if (n4 != 0u) {").unwrap(), src.find("griddepcontrol.wait").unwrap());
-        let load = src.find("w_first[j] = __ldg(wr + i);").unwrap();
-        let close = open + src[open..].find(crate::cuda::BEFORE_WAIT_CLOSE).unwrap();
-        assert!(open < load && load < close && close < wait, "the loads are not in a branch before the wait");
+        for (cond, load) in [("if (n4 != 0u) {", "w_first[j] = __ldg(wr + i);"), ("if (d4r != 0u) {", "rfirst[jj] = __ldg(rw + jj * d4r + threadIdx.x);")] {
+            let open = src.find(cond).unwrap();
+            let load = src.find(load).unwrap();
+            let close = open + src[open..].find(crate::cuda::BEFORE_WAIT_CLOSE).unwrap();
+            let wait = open + src[open..].find("griddepcontrol.wait").unwrap();
+            assert!(open < load && load < close && close < wait, "{cond}: the loads are not in a branch before the wait");
+        }
     }
 }

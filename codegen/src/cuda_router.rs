@@ -38,7 +38,10 @@ const LANE_KEYS: usize = 8;
 /// where the launch count matters less and it has not been measured).
 pub const MAX_TOKENS: usize = 8;
 
-/// Parameters in launch order. `normalize` is 0 or 1.
+/// Parameters in launch order. `normalize` is 0 or 1. With `pnh` 0 the logits are read
+/// from `logits`; else they are made from the parts an `hc_pre` launch's router blocks
+/// wrote (`parts`, `pnh` a row, its pre weights the first of `pmw` in `pmix`, its norm's
+/// scale `pinv`: `cuda_hc_pre::router_blocks`).
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "sel", elem: BufElem::I32, mutable: true },
@@ -49,6 +52,11 @@ pub fn params() -> Vec<QParam> {
         QParam::Scalar { name: "k" },
         QParam::Float { name: "scale" },
         QParam::Scalar { name: "normalize" },
+        QParam::Buffer { name: "parts", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "pmix", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "pinv", elem: BufElem::F32, mutable: false },
+        QParam::Scalar { name: "pnh" },
+        QParam::Scalar { name: "pmw" },
     ]
 }
 
@@ -127,7 +135,17 @@ __device__ __forceinline__ void ds4_router_block(const unsigned long long block,
     for (unsigned int e = threadIdx.x; e < len; e += blockDim.x) {{
         unsigned long long key = 0ull;
         if (e < nn) {{
-            const float x = ds4_logits[item * n + e];
+            // The logits, or (`pnh` streams) the parts `hc_pre` made of them: the normed
+            // collapse's products, inv · Σ_i pre_i · P[e][i] (`cuda_hc_pre`'s router part).
+            float x;
+            if (pnh == 0ull) {{
+                x = ds4_logits[item * n + e];
+            }} else {{
+                const float* const pp = ds4_parts + (item * n + e) * pnh;
+                float t = 0.0f;
+                for (unsigned int i = 0u; i < (unsigned int)pnh; i++) t = fmaf(ds4_pmix[item * pmw + i], pp[i], t);
+                x = ds4_pinv[item] * t;
+            }}
             float sp = x;
             if (x <= 20.0f) {{
                 sp = log1pf(expf(x));

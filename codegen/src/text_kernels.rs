@@ -127,7 +127,7 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_indexer_scores::MAX_SHARED_BYTES,
             source: |t| cuda_only(t, cuda_indexer_scores::source),
         },
-        unshared(cuda_hc_pre::NAME, TextParams::Own(cuda_hc_pre::params()), cuda_hc_pre::THREADS, format!("\"grid\": \"[2·nh + nh², tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS), |t| cuda_only(t, cuda_hc_pre::source)),
+        unshared(cuda_hc_pre::NAME, TextParams::Own(cuda_hc_pre::params()), cuda_hc_pre::THREADS, format!("\"grid\": \"[2·nh + nh² + ceil(r_rows / {}), tokens ≤ {}, 1]\", \"block\": [{}, 1, 1]", cuda_hc_pre::ROUTER_ROWS, cuda_hc_pre::MAX_TOKENS, cuda_hc_pre::THREADS), |t| cuda_only(t, cuda_hc_pre::source)),
         unshared(cuda_hc_pre::HC_COMB, TextParams::Own(cuda_hc_pre::comb_params()), 32, "\"grid\": \"[tokens, 1, 1]\", \"block\": [32, 1, 1]".to_string(), |t| cuda_only(t, cuda_hc_pre::comb_source)),
         TextKernel {
             name: cuda_router::NAME,

@@ -786,7 +786,8 @@ fn router_select_matches_the_chain_it_fuses() {
         let (lb, bb) = (dev.upload(&logits).unwrap(), dev.upload(&bias).unwrap());
         // The fused launch.
         let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
-        let args = [Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
+        let no_parts = [Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), u(0), u(0)];
+        let args = [[Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)].as_slice(), &no_parts].concat();
         launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
         // The four kernels.
         let (sc, bi, tk, wt) = (dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
@@ -811,13 +812,33 @@ fn router_select_matches_the_chain_it_fuses() {
         let digits = alloc_digits(&dev, xlen);
         let (sel2, wts2) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
         let mut args2 = vec![Arg::Ptr(sel2.ptr), Arg::Ptr(wts2.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)];
+        args2.extend(no_parts);
         args2.extend([Arg::Ptr(digits.0.ptr), Arg::Ptr(digits.1.ptr), Arg::Ptr(digits.2.ptr), Arg::Ptr(xb.ptr), u(xlen), u(tokens)]);
         let blocks = tokens + (xlen / 32).div_ceil(cuda_router::threads(n) as usize / 32);
         launch(&dev, &with_digits.func, (blocks as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args2).unwrap();
         assert_eq!(sel2.read::<i32>(tokens * k).unwrap(), want_sel, "router_select_digits picks ({tokens} tokens, {n} experts, k {k})");
         assert_eq!(f32_bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
         assert_same_digits("router_select_digits", &digits, &x_digits_on(&dev, x_digits, xb.ptr, xb.ptr, xlen, None), xlen);
-        println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights; with x's digits ({xlen}): x_digits' too");
+        // From `hc_pre`'s parts (nh 4 a logit, the pre weights at the head of a mix of
+        // 24, the norm's scale a token): the picks and weights of the logits made from
+        // them on the host in the kernel's order (fmaf from zero, then the scale).
+        let (nh, mw) = (4, 24);
+        let (parts, mixv, inv) = (f32s(&mut r, tokens * n * nh, -8.0, 8.0), f32s(&mut r, tokens * mw, 0.0, 2.0), f32s(&mut r, tokens, 0.5, 2.0));
+        let made: Vec<f32> = (0..tokens * n).map(|te| {
+            let t = te / n;
+            inv[t] * (0..nh).fold(0f32, |acc, i| mixv[t * mw + i].mul_add(parts[te * nh + i], acc))
+        }).collect();
+        let (pb, mb, ib, mlb) = (dev.upload(&parts).unwrap(), dev.upload(&mixv).unwrap(), dev.upload(&inv).unwrap(), dev.upload(&made).unwrap());
+        let run = |logits: u64, p: [Arg; 5]| {
+            let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+            let args = [[Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(logits), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)].as_slice(), &p].concat();
+            launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
+            (sel.read::<i32>(tokens * k).unwrap(), f32_bits(&wts, tokens * k))
+        };
+        let from_parts = run(lb.ptr, [Arg::Ptr(pb.ptr), Arg::Ptr(mb.ptr), Arg::Ptr(ib.ptr), u(nh), u(mw)]);
+        let from_logits = run(mlb.ptr, [Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), u(0), u(0)]);
+        assert_eq!(from_parts, from_logits, "router_select from parts ({tokens} tokens, {n} experts, k {k})");
+        println!("router_select: {tokens} tokens, {n} experts, k {k}, normalize {normalize}: the chain's picks and weights; with x's digits ({xlen}): x_digits' too; from parts: the logits' picks and weights");
     }
 }
 
@@ -1077,7 +1098,9 @@ fn indexer_scores_vec_is_the_cpus_floats() {
 /// once), for 1 to `MAX_TOKENS` tokens, streams of DeepSeek-V4-Flash's 4096 values (the
 /// collapse from registers) and of other lengths; its ticket counters return to zero, so
 /// a second launch gives the same floats bit for bit, and so does a launch that leaves the
-/// Sinkhorn to `hc_comb`.
+/// Sinkhorn to `hc_comb`. With a router part (`cuda_hc_pre::router_blocks`), the logits
+/// added from its parts are the router's mat-vec of the collapse's norm to 1e-5 of Σ|w·a|,
+/// and the mix, collapse and norm are the same floats as without it.
 #[test]
 fn hc_pre_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
@@ -1121,15 +1144,49 @@ fn hc_pre_matches_the_chain_it_fuses() {
         let (want_mix, want_y, want_a) = (mix_ref.read::<f32>(tokens * mw).unwrap(), y_ref.read::<f32>(tokens * d).unwrap(), a_ref.read::<f32>(tokens * d).unwrap());
         // The fused kernel, twice; a third time with the Sinkhorn left to `hc_comb`.
         let k = ks.get(cuda_hc_pre::NAME).unwrap();
+        // A router's mat-vec of the normed collapse as parts, in blocks after the mix's
+        // (all cases but 1 and 3; rows not a multiple of the blocks' in case 4).
+        let r_rows = [256, 0, 64, 0, 13, 40][case];
+        let rwf = f32s(&mut r, r_rows * d, -0.5, 0.5);
+        let mut rw = vec![0u8; r_rows * d * 2];
+        ds4_ir::quant::quantize_row(ds4_ir::GgmlType::F16, &rwf, &mut rw).unwrap();
+        let rwb = dev.upload(&rw).unwrap();
+        let mut rwf16 = vec![0f32; r_rows * d];
+        ds4_ir::quant::dequantize_row(ds4_ir::GgmlType::F16, &rw, &mut rwf16).unwrap();
+        let (rparts, ainv) = (dev.alloc((tokens * r_rows * nh * 4).max(4)).unwrap(), dev.alloc(tokens * 4).unwrap());
         let mut runs = Vec::new();
         for run in 0..3 {
             let (mix, y, a, proj) = (dev.upload(&vec![f32::NAN; tokens * mw]).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
             let comb = run < 2;
+            let rr = if run == 0 { r_rows } else { 0 };
             let args = [
                 Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(a.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), Arg::Ptr(gb.ptr),
                 u(nh), u(d), u(iters), Arg::F32(eps_norm), Arg::F32(eps_mix), u(has_norm as usize), Arg::F32(eps_a), u(comb as usize),
+                Arg::Ptr(rwb.ptr), Arg::Ptr(rparts.ptr), Arg::Ptr(ainv.ptr), u(rr),
             ];
-            launch(&dev, &k.func, (mw as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
+            launch(&dev, &k.func, ((mw + cuda_hc_pre::router_blocks(rr)) as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
+            if rr != 0 {
+                // The logits from the parts as `router_select` adds them, against the f64
+                // product of the router's rows and the collapse's norm (the four kernels').
+                let (parts, inv, mixv) = (rparts.read::<f32>(tokens * rr * nh).unwrap(), ainv.read::<f32>(tokens).unwrap(), mix.read::<f32>(tokens * mw).unwrap());
+                let a_in = if has_norm { &want_a } else { &want_y };
+                let mut worst = 0f64;
+                for t in 0..tokens {
+                    for j in 0..rr {
+                        let mut acc = 0f32;
+                        for i in 0..nh {
+                            acc = mixv[t * mw + i].mul_add(parts[(t * rr + j) * nh + i], acc);
+                        }
+                        let got = (inv[t] * acc) as f64;
+                        let wrow = &rwf16[j * d..(j + 1) * d];
+                        let want: f64 = wrow.iter().zip(&a_in[t * d..(t + 1) * d]).map(|(w, v)| *w as f64 * *v as f64).sum();
+                        let scale: f64 = wrow.iter().zip(&a_in[t * d..(t + 1) * d]).map(|(w, v)| (*w as f64 * *v as f64).abs()).sum();
+                        worst = worst.max((got - want).abs() / scale.max(f64::MIN_POSITIVE));
+                    }
+                }
+                println!("hc_pre router part: {rr} rows, nh {nh}, d {d}, {tokens} tokens: logits within {worst:.2e} of Σ|w·a|");
+                assert!(worst <= 1e-5, "hc_pre's router part off the router's mat-vec: {worst:e}");
+            }
             if !comb {
                 let kc = ks.get(cuda_hc_pre::HC_COMB).unwrap();
                 let args = [Arg::Ptr(mix.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), u(nh), u(iters), Arg::F32(eps_mix)];

@@ -22,6 +22,11 @@ pub struct HcPreChain {
     pub eps_mix: f32,
     /// The collapse's only reader when it is a weighted RMS norm: its node, weight, eps.
     pub norm: Option<(NodeId, String, f32)>,
+    /// The router's mat-vec of that norm, where the routing after it runs as one launch
+    /// (`router.rs`): the mat-vec node, the scores node that is its only reader, and its
+    /// weight. Its logits are linear in the streams, so the launch can make their parts
+    /// (`cuda_hc_pre::router_blocks`) and the routing add them up.
+    pub router: Option<(NodeId, NodeId, String)>,
     /// Whether that norm feeds the shared expert's side branch (the FFN's chain: its
     /// Sinkhorn goes to that lane's head), set by the plan once the branches are known.
     pub feeds_shared_expert: bool,
@@ -54,7 +59,22 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
         Op::RmsNorm { eps } if g.inputs(a)[0] == collapse => Some((a, g.weight_name(g.inputs(a)[1])?.to_string(), eps)),
         _ => None,
     });
-    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm, feeds_shared_expert: false })
+    let router = norm.as_ref().and_then(|(a, _, _)| router_of(g, *a));
+    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm, router, feeds_shared_expert: false })
+}
+
+/// The router mat-vec that reads norm `a` (its x), read only by scores that start a routing
+/// chain (`router::chain_at`): (mat-vec, scores, weight). Neither is a graph output.
+fn router_of(g: &Graph, a: NodeId) -> Option<(NodeId, NodeId, String)> {
+    g.consumers(a).into_iter().find_map(|m| {
+        let ins = g.inputs(m);
+        if !matches!(g.node(m).op, Op::MatMul) || ins[0] != a || g.is_output(m) {
+            return None;
+        }
+        let scores = g.only_reader(m)?;
+        super::router::chain_at(g, scores)?;
+        Some((m, scores, g.weight_name(ins[1])?.to_string()))
+    })
 }
 
 #[cfg(test)]
@@ -70,10 +90,20 @@ mod tests {
         let g = &model.graph;
         let chains: Vec<_> = g.order().into_iter().filter_map(|id| chain_at(g, id).map(|c| (id, c))).collect();
         assert_eq!(chains.len(), 2 * model.hp.n_layer, "two pre chains a layer");
+        let mut routers = 0;
         for (id, c) in &chains {
             assert!(matches!(g.node(*id).op, Op::RmsNormPlain { .. }), "{}", g.node(*id).label);
             assert_eq!((c.nh, c.iters), (model.hp.hc, model.hp.hc_iters), "{}", g.node(*id).label);
             assert!(c.norm.is_some(), "{}: the sublayer's weighted norm reads the collapse", g.node(*id).label);
+            // The FFN's chain of a layer routed by score has the router's mat-vec of its
+            // norm; the attention's and the hash-routed layers' have none.
+            if let Some((m, scores, w)) = &c.router {
+                assert_eq!(g.inputs(*m)[0], c.norm.as_ref().unwrap().0);
+                assert!(matches!(g.node(*scores).op, Op::RouterScores) && super::super::router::chain_at(g, *scores).is_some());
+                assert!(w.ends_with("ffn_gate_inp.weight"), "{}: router weight {w}", g.node(*id).label);
+                routers += 1;
+            }
         }
+        assert_eq!(routers, model.hp.n_layer - model.hp.n_hash, "a router part in every layer routed by score");
     }
 }

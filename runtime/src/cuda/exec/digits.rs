@@ -214,9 +214,9 @@ impl GpuExecutor<'_> {
     /// `router_select` launch where it can run so (a decode's tokens, up to
     /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`; `DS4_ROUTER=0` turns it off):
     /// the values it makes ahead of their nodes (the biased scores none, the picks, the
-    /// weights). `logits`: `tokens` rows of `n`; `x`: the routed experts' input (the
+    /// weights). `logits`: `tokens` rows of `n` (or their parts, `Logits`); `x`: the routed experts' input (the
     /// router's), whose digits the launch makes for them where they take them.
-    pub(super) fn router_select(&self, scores: ds4_ir::NodeId, logits: &DevSlice, x: Option<&DevSlice>, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+    pub(super) fn router_select(&self, scores: ds4_ir::NodeId, logits: Logits, x: Option<&DevSlice>, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
         if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return Ok(None);
         }
@@ -229,13 +229,20 @@ impl GpuExecutor<'_> {
         let mut named = vec![
             ("sel", Arg::Ptr(sel.ptr)),
             ("wts", Arg::Ptr(wts.ptr)),
-            ("logits", Arg::Ptr(logits.ptr())),
+            ("logits", Arg::Ptr(match logits {
+                Logits::Rows(l) => l.ptr(),
+                Logits::Parts(_) => self.dummy.ptr,
+            })),
             ("bias", Arg::Ptr(self.weights.vector(&c.bias)?.ptr)),
             ("n", u(n)),
             ("k", u(c.k)),
             ("scale", Arg::F32(c.scale)),
             ("normalize", u(c.normalize as usize)),
         ];
+        named.extend(match logits {
+            Logits::Parts(p) => [("parts", Arg::Ptr(p.parts.ptr)), ("pmix", Arg::Ptr(p.mix)), ("pinv", Arg::Ptr(p.inv.ptr)), ("pnh", u(p.nh)), ("pmw", u(p.mw))],
+            Logits::Rows(_) => [("parts", Arg::Ptr(self.dummy.ptr)), ("pmix", Arg::Ptr(self.dummy.ptr)), ("pinv", Arg::Ptr(self.dummy.ptr)), ("pnh", u(0)), ("pmw", u(0))],
+        });
         // With the digits of the experts' x where their gate and up will take them (a
         // decode token: `digits_experts`), in the blocks after the routing's.
         // `DS4_ROUTER_DIGITS=0` turns it off.

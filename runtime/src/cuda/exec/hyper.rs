@@ -23,10 +23,16 @@ impl GpuExecutor<'_> {
         }
         let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
-        // The Sinkhorn out of this launch (`CombHome`): the FFN's where the collapse's norm
-        // feeds the shared expert's lane, the others' riding the next dense mat-vec.
-        // `DS4_COMB_BESIDE=0` keeps both in this launch, `DS4_COMB_RIDE=0` the others.
-        let home = match c.feeds_shared_expert && branch_on(Branch::SharedExpert) {
+        // The router's mat-vec as parts in blocks of their own (`router_part`).
+        let router = self.router_part(c, tokens, d)?;
+        // The Sinkhorn out of this launch (`CombHome`): the FFN's at the head of the
+        // shared expert's lane where the collapse's norm feeds it and the router's
+        // mat-vec is a launch of its own, the others' riding the next dense mat-vec (with
+        // the router in this launch, the FFN's rides the shared expert's gate and up:
+        // the lane's head launch then held its gate and up back until they met the routed
+        // experts' gate and up, which start earlier). `DS4_COMB_BESIDE=0` keeps them all
+        // in this launch, `DS4_COMB_RIDE=0` rides none.
+        let home = match c.feeds_shared_expert && branch_on(Branch::SharedExpert) && router.is_none() {
             true => Some(CombHome::SharedExpert),
             false => (!switched_off!("DS4_COMB_RIDE")).then_some(CombHome::Ride),
         };
@@ -36,7 +42,16 @@ impl GpuExecutor<'_> {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
             None => None,
         };
+        let router_bufs = match &router {
+            Some((_, _, rows)) => Some((self.dev.alloc(tokens * rows * c.nh * 4)?, self.dev.alloc(tokens * 4)?)),
+            None => None,
+        };
+        let r_rows = router.as_ref().map_or(0, |r| r.2);
         let named = [
+            ("rw", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.1))),
+            ("rparts", Arg::Ptr(router_bufs.as_ref().map_or(self.dummy.ptr, |b| b.0.ptr))),
+            ("ainv", Arg::Ptr(router_bufs.as_ref().map_or(self.dummy.ptr, |b| b.1.ptr))),
+            ("r_rows", u(r_rows)),
             ("mix", Arg::Ptr(mix.ptr)),
             ("y", Arg::Ptr(y.ptr)),
             ("a", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.3.ptr))),
@@ -56,16 +71,37 @@ impl GpuExecutor<'_> {
             ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
             ("comb", u(home.is_none() as usize)),
         ];
-        self.call(cuda_hc_pre::NAME, (mw as u32, tokens as u32), &named)?;
+        self.call(cuda_hc_pre::NAME, ((mw + cuda_hc_pre::router_blocks(r_rows)) as u32, tokens as u32), &named)?;
         if let Some(home) = home {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
         }
+        let mix_ptr = mix.ptr;
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
+        if let (Some((m, _, _)), Some((parts, inv))) = (router, router_bufs) {
+            made.push((m.index(), GVal::Freed));
+            self.router_parts.replace(Some(RouterParts { logits: m.index(), parts, inv, mix: mix_ptr, nh: c.nh, mw }));
+        }
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
         Ok(Some(made))
+    }
+
+    /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`)
+    /// makes as parts (`cuda_hc_pre::router_blocks`; `DS4_HC_ROUTER=0`: never): its node,
+    /// its F16 weight's address and its rows, where the routing after it runs as one
+    /// launch that can add them (`router_select`: a decode's tokens, its rows and picks).
+    fn router_part(&self, c: &super::super::hc_pre::HcPreChain, tokens: usize, d: usize) -> Result<Option<(ds4_ir::NodeId, u64, usize)>, ExecError> {
+        let Some((m, scores, w)) = &c.router else { return Ok(None) };
+        if switched_off!("DS4_HC_ROUTER") || switched_off!("DS4_ROUTER") || c.norm.is_none() || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) || !self.kernels.by_name.contains_key(cuda_router::NAME) {
+            return Ok(None);
+        }
+        let Some(rc) = self.plan.router(*scores) else { return Ok(None) };
+        let w = self.weights.tensor(w)?;
+        let rows = w.ne.get(1).copied().unwrap_or(0) as usize;
+        let fits = w.ty == ds4_ir::GgmlType::F16 && w.ne.first() == Some(&(d as u64)) && w.ptr.is_multiple_of(16) && d.is_multiple_of(4) && cuda_router::fits(rows, rc.k);
+        Ok(fits.then_some((*m, w.ptr, rows)))
     }
 
     /// A Sinkhorn's values in `cuda_hc_pre::comb_params`' order, named by `params` (those or

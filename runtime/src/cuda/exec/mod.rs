@@ -179,19 +179,42 @@ pub struct GpuExecutor<'a> {
     pub digits_ahead: std::cell::RefCell<Option<DigitsAhead>>,
     /// An `hc_pre` launch's Sinkhorn, left for where it goes (`CombHome`).
     pub comb_pending: std::cell::RefCell<Option<CombPending<'a>>>,
+    /// The router logits' parts an `hc_pre` launch made, taken by the routing's launch.
+    pub router_parts: std::cell::RefCell<Option<RouterParts>>,
+}
+
+/// The parts of a router mat-vec's logits an `hc_pre` launch made in its router blocks
+/// (`cuda_hc_pre::router_blocks`), for the routing's launch to add up (`router_select`):
+/// the mat-vec node they stand for, the parts (`nh` a logit), the norm's scale a token,
+/// and the mix whose first `nh` of `mw` entries are the pre weights.
+pub struct RouterParts {
+    logits: usize,
+    parts: DeviceBuf,
+    inv: DeviceBuf,
+    mix: u64,
+    nh: usize,
+    mw: usize,
+}
+
+/// Where a routing launch reads its logits: rows of them, or the parts `hc_pre` made.
+pub(super) enum Logits<'l> {
+    Rows(&'l DevSlice),
+    Parts(&'l RouterParts),
 }
 
 /// Where an `hc_pre` launch's Sinkhorn goes: out of its grid, which the launch after it
 /// waits for, while only the sublayer's expand reads the Sinkhorn (`cuda_hc_pre::HC_COMB`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum CombHome {
-    /// The FFN's: an `hc_comb` launch at the head of the shared expert's side lane, which
-    /// waits for the routed experts' down anyway.
+    /// The FFN's where its router's mat-vec is a launch of its own: an `hc_comb` launch at
+    /// the head of the shared expert's side lane, which waits for the routed experts'
+    /// down anyway.
     SharedExpert,
     /// The attention's: a block of its own in the next `matvec_dense_q8_0_r` launch of as
     /// many tokens (`attn_q_a`, with `attn_kv` in a CSA layer), which outlasts it. The
     /// lanes have no time to spare for a launch of its own (RESULTS.md, twenty-second
-    /// stop).
+    /// stop). And the FFN's where `hc_pre` makes the router's parts: in the shared
+    /// expert's gate and up (RESULTS.md, twenty-eighth stop).
     Ride,
 }
 
@@ -547,8 +570,15 @@ impl GpuExecutor<'_> {
                     Some(GVal::F(s)) => Some(s),
                     _ => None,
                 });
-                match self.router_select(id, nv.fs(0)?, x, nv.rows(0), n)? {
+                // The logits' parts, where the FFN's `hc_pre` launch made them instead.
+                let parts = self.router_parts.take().filter(|p| p.logits == nv.graph.inputs(id)[0].index());
+                let logits = match &parts {
+                    Some(p) => Logits::Parts(p),
+                    None => Logits::Rows(nv.fs(0)?),
+                };
+                match self.router_select(id, logits, x, nv.rows(0), n)? {
                     Some(ahead) => fused(made, ahead),
+                    None if parts.is_some() => return Err(ExecError::Internal(format!("{}: hc_pre made the router's parts and the routing cannot take them", nv.label))),
                     None => self.op("router_scores", n_out, n, &[("logits", f(0)?), ("n", u(n))])?,
                 }
             }
