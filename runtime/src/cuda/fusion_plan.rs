@@ -185,8 +185,13 @@ impl FusionPlan {
             c.feeds_shared_expert = c.norm.as_ref().is_some_and(|(id, _, _)| g.consumers(*id).iter().any(|r| plan.side.get(&r.index()) == Some(&Branch::SharedExpert)));
         }
         plan.all_rows = crate::all_rows::AllRows::of(g);
-        plan.selecting = Schedule::of(g, run_order(g, &queries, &indexer_queries));
-        plan.every_row = Schedule::of(g, g.order());
+        let (mut selecting, mut every_row) = (run_order(g, &queries, &indexer_queries), g.order());
+        if !switched_off!("DS4_COMP_FIRST") {
+            compressors_first(g, &mut selecting);
+            compressors_first(g, &mut every_row);
+        }
+        plan.selecting = Schedule::of(g, selecting);
+        plan.every_row = Schedule::of(g, every_row);
         plan
     }
 
@@ -375,6 +380,32 @@ fn run_order(g: &Graph, queries: &[Vec<NodeId>], indexed: &[Vec<NodeId>]) -> Vec
     order
 }
 
+/// In the layers whose attention reads its compressor's rows without a selection (HCA),
+/// the compressor's projections moved before the KV row's mat-vec (`place`): on the main
+/// lane they ran after the KV row, when the query's `q_b` held the SMs (an H200 trace: the
+/// projections' F16 launch waited ~8 µs for them), and the KV row's log copy and the
+/// compressor's now come one after the other, one `copy_spans` launch. An HCA layer 111.5 →
+/// 110.1 µs (RESULTS.md, twenty-eighth stop); `DS4_COMP_FIRST=0` keeps the graph's order.
+fn compressors_first(g: &Graph, order: &mut Vec<NodeId>) {
+    // Back from `id` through the first inputs of single-input-chain nodes to one matching `is`.
+    let back = |mut id: NodeId, is: &dyn Fn(&Op) -> bool| -> Option<NodeId> {
+        for _ in 0..16 {
+            if is(&g.node(id).op) {
+                return Some(id);
+            }
+            id = *g.inputs(id).first()?;
+        }
+        None
+    };
+    for attn in g.order() {
+        let Op::Attention { comp: ds4_ir::CompMode::Causal, .. } = g.node(attn).op else { continue };
+        let ins = g.inputs(attn);
+        let (Some(kv), Some(pool)) = (back(ins[1], &|op| matches!(op, Op::MatMul)), ins.get(3).and_then(|&r| back(r, &|op| matches!(op, Op::CompressPool { .. })))) else { continue };
+        let projections: Vec<NodeId> = g.inputs(pool)[..2].iter().copied().filter(|&m| matches!(g.node(m).op, Op::MatMul)).collect();
+        place(g, order, &projections, Some(kv));
+    }
+}
+
 /// The readers of `nodes` outside them (a branch's joins).
 fn joins_of(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
     let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
@@ -526,32 +557,57 @@ mod tests {
         assert!(csa > 0 && indexed >= 3 * csa, "a CSA layer's indexer query projection, RoPE and Hadamard on their branch: {indexed}");
     }
 
-    /// The run order holds every node once, each after its inputs, with its last uses;
+    /// The run orders hold every node once, each after its inputs, with their last uses;
     /// in a layer with an indexer the indexer's query branch runs right after the query
     /// norm it reads and the attention's query branch right after the indexer's scores,
     /// elsewhere where the graph has it; a run that skips the selections keeps the
-    /// graph's order.
+    /// graph's order; in both, an HCA layer's compressor projections run right before its
+    /// KV row's mat-vec.
     #[test]
     fn run_order_moves_only_an_indexed_layers_query_branches() {
         let model = crate::cuda::tiny_q2();
         let g = &model.graph;
         let plan = FusionPlan::of(g);
+        // Each node's place in `order`, every node once, each after its inputs.
+        let places = |order: &[NodeId]| -> Vec<usize> {
+            let mut pos = vec![usize::MAX; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
+            for (p, n) in order.iter().enumerate() {
+                assert_eq!(pos[n.index()], usize::MAX, "{} twice", g.node(*n).label);
+                pos[n.index()] = p;
+            }
+            assert_eq!(order.len(), g.order().len());
+            for &n in order {
+                for i in g.inputs(n) {
+                    assert!(pos[i.index()] < pos[n.index()], "{} before its input {}", g.node(n).label, g.node(i).label);
+                }
+            }
+            pos
+        };
+        let mut graph_order = g.order();
+        compressors_first(g, &mut graph_order);
         let every_row = plan.schedule(true);
-        assert_eq!(every_row.order, g.order());
-        assert_eq!(every_row.last_use, g.last_uses_in(&g.order()));
+        assert_eq!(every_row.order, graph_order);
+        assert_eq!(every_row.last_use, g.last_uses_in(&graph_order));
         let order = &plan.schedule(false).order;
-        let mut pos = vec![usize::MAX; order.iter().map(|n| n.index() + 1).max().unwrap_or(0)];
-        for (p, n) in order.iter().enumerate() {
-            assert_eq!(pos[n.index()], usize::MAX, "{} twice", g.node(*n).label);
-            pos[n.index()] = p;
-        }
-        assert_eq!(order.len(), g.order().len());
-        for &n in order {
-            for i in g.inputs(n) {
-                assert!(pos[i.index()] < pos[n.index()], "{} before its input {}", g.node(n).label, g.node(i).label);
+        let pos = places(order);
+        assert_eq!(plan.schedule(false).last_use, g.last_uses_in(order));
+        // An HCA layer's compressor projections, then (weights aside) its KV row's mat-vec.
+        let mut hca = 0;
+        for o in [&every_row.order, order] {
+            let p = places(o);
+            for id in g.order() {
+                let label = &g.node(id).label;
+                if !label.ends_with(".attn_compressor.kv") || g.order().iter().any(|&n| g.node(n).label == label.replace(".attn_compressor.kv", ".indexer.scores")) {
+                    continue;
+                }
+                let kv = g.order().into_iter().find(|&n| g.node(n).label == label.replace(".attn_compressor.kv", ".kv")).expect("the layer's KV row");
+                let gate = g.order().into_iter().find(|&n| g.node(n).label == label.replace(".kv", ".gate")).expect("the compressor's gate");
+                let between = |a: usize, b: usize| (a + 1..b).all(|q| matches!(g.node(o[q]).op, Op::Weight { .. }));
+                assert!(p[id.index()] < p[gate.index()] && between(p[id.index()], p[gate.index()]) && p[gate.index()] < p[kv.index()] && between(p[gate.index()], p[kv.index()]), "{label}: right before the KV row's mat-vec");
+                hca += 1;
             }
         }
-        assert_eq!(plan.schedule(false).last_use, g.last_uses_in(order));
+        assert!(hca > 0, "no HCA layer's compressor");
         let at = |label: String| g.order().into_iter().find(|&n| g.node(n).label == label);
         let branch = |layer: &str, b: Branch| -> Vec<usize> {
             let mut p: Vec<usize> = g.order().into_iter().filter(|&n| plan.side(n) == Some(b) && g.node(n).label.starts_with(&format!("{layer}."))).map(|n| pos[n.index()]).collect();
