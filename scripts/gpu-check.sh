@@ -24,22 +24,26 @@
 set -u
 
 CARRY=${CARRY:-device-carry}
+# The GPU test binaries built here and run there.
+TESTS="cuda_kernels cuda_golden cuda_memory"
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
     TGT=${CARGO_TARGET_DIR:-target}
     cargo build --release -p ds4
-    cargo test --release --no-run -p ds4-tests --test cuda_kernels --test cuda_golden --test cuda_memory
+    cargo test --release --no-run -p ds4-tests $(printf -- '--test %s ' $TESTS)
     rm -rf "$CARRY" && mkdir -p "$CARRY/golden/models"
     cp "$TGT/release/ds4" "$CARRY/ds4"
-    for t in cuda_kernels cuda_golden cuda_memory; do
+    for t in $TESTS; do
         # The newest build of each test binary (deps/<name>-<hash>, executable).
         bin=$(ls -t "$TGT"/release/deps/$t-* | grep -v '\.d$' | head -1)
         cp "$bin" "$CARRY/$t"
     done
-    strip "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden "$CARRY"/cuda_memory
-    # Compressed: a device call carries at most 64 MiB with the working tree.
-    gzip -9 -f "$CARRY"/ds4 "$CARRY"/cuda_kernels "$CARRY"/cuda_golden "$CARRY"/cuda_memory
+    for b in ds4 $TESTS; do
+        strip "$CARRY/$b"
+        # Compressed: a device call carries at most 64 MiB with the working tree.
+        gzip -9 -f "$CARRY/$b"
+    done
     GOLDEN=${GOLDEN:-../shared/golden}
     for m in tiny-f32 tiny-q2 tiny-q4; do
         mkdir -p "$CARRY/golden/models/$m"
@@ -58,7 +62,7 @@ fi
 
 OUT=${OUT:-/tmp/ds4-gpu-check}
 mkdir -p "$OUT"
-for b in ds4 cuda_kernels cuda_golden cuda_memory; do
+for b in ds4 $TESTS; do
     if [ -f "$CARRY/$b.gz" ]; then gunzip -c "$CARRY/$b.gz" > "$CARRY/$b" && chmod +x "$CARRY/$b"; fi
 done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

@@ -353,7 +353,7 @@ impl Op {
             }
             Op::HcMix { nh, .. } => {
                 want_f32(0)?;
-                let mw = Const(2 * nh + nh * nh);
+                let mw = Const(crate::kernels::hc::mix_width(*nh));
                 if last(0) != mw {
                     return err(self, format!("needs mix logits of {mw}, got {}", ins[0]));
                 }

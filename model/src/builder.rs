@@ -112,7 +112,7 @@ impl Builder<'_> {
     /// HC mixing weights of one block: flatten the streams, RMSNorm, project, Sinkhorn.
     fn hc_mix(&mut self, p: &str, r: NodeId) -> Result<NodeId, BuildError> {
         let (hc, d) = (self.hp.hc, self.hp.d);
-        let mw = 2 * hc + hc * hc;
+        let mw = ds4_ir::kernels::hc::mix_width(hc);
         let flat = self.reshape(&format!("{p}.flat"), r, &[Dim::Tokens, Dim::Const(hc * d)])?;
         let normed = self.add(&format!("{p}.norm"), Op::RmsNormPlain { eps: self.hp.rms_eps }, &[flat])?;
         let m = self.matmul(&format!("{p}.proj"), normed, &format!("{p}_fn.weight"), hc * d, mw)?;

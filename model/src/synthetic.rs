@@ -240,7 +240,7 @@ pub fn build_writer(cfg: &SynthConfig) -> Result<GgufWriter, GgufError> {
         w.add_tensor(name, GgmlType::F32, &dims64, f32_bytes(vec![v; n])).expect("synthetic tensor sizes are consistent");
     };
     let (d, hc) = (cfg.d, 4usize);
-    let mw = 2 * hc + hc * hc;
+    let mw = ds4_ir::kernels::hc::mix_width(hc);
     let fan = |n: usize| 1.0 / (n as f32).sqrt();
     rand_t(&mut w, "token_embd.weight", &[d, cfg.vocab], 1.0, GgmlType::F16);
     for l in 0..cfg.n_layer {

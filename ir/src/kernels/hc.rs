@@ -5,6 +5,11 @@
 //! `comb[i][j]`), i.e. `2nh + nh²` values, in the order the projection produces them.
 use crate::real::Real;
 
+/// Values in a token's mix row of `nh` streams: `pre` and `post` (nh each), `comb` (nh²).
+pub fn mix_width(nh: usize) -> usize {
+    2 * nh + nh * nh
+}
+
 #[ds4_macros::kernel_helper]
 fn sigmoid<F: Real>(x: F) -> F {
     F::one() / (F::one() + (-x).exp())

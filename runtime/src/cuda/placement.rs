@@ -103,12 +103,14 @@ pub struct Planned {
 }
 
 /// How `DeviceWeights::upload` lays out a model's weights: its allocations (each a list of
-/// weights, in order), and the device bytes they take as `placement` lays them out
+/// weights, in order), the 1-D weights the ops read as f32 vectors (`vectors`, uploaded
+/// apart as f32), and the device bytes the allocations take as `placement` lays them out
 /// (`need`) and packed in one allocation (`packed`). Made once, before anything is
 /// uploaded, so that a model the device cannot hold is refused first (`check_fits`).
 pub struct WeightPlan {
     pub placement: Placement,
     pub allocations: Vec<Vec<Planned>>,
+    pub vectors: BTreeSet<String>,
     pub need: usize,
     pub packed: usize,
 }
@@ -156,7 +158,18 @@ impl WeightPlan {
             Placement::PerTensor => per_tensor,
             Placement::Packed => packed,
         };
-        Ok(WeightPlan { placement, allocations, need, packed })
+        let mut vectors = BTreeSet::new();
+        for g in graphs {
+            for id in g.order() {
+                let ins = g.inputs(id);
+                for &i in vector_inputs(&g.node(id).op) {
+                    if let Op::Weight { name, .. } = &g.node(ins[i]).op {
+                        vectors.insert(name.clone());
+                    }
+                }
+            }
+        }
+        Ok(WeightPlan { placement, allocations, vectors, need, packed })
     }
 
     /// Whether the plan's weights fit in `dev`'s free memory: else the error that says
@@ -168,25 +181,14 @@ impl WeightPlan {
 }
 
 impl DeviceWeights {
-    /// Uploads the weights of `graphs` as `plan` lays them out (made of the same graphs;
-    /// the caller has checked that they fit: `WeightPlan::check_fits`).
+    /// Uploads the weights as `plan` lays them out (the caller has checked that they fit:
+    /// `WeightPlan::check_fits`).
     /// `generate`: tensors made in device memory from random data instead of copied from
     /// the file (`ds4 bench --synthetic`, whose file leaves them as zeros).
     /// Each tensor in its device type on `target` (`ds4_codegen::quant::device_type`:
     /// Q8_0 rows regrouped as Q8_0_R, the same size; IQ2_XXS as IQ2_XXS_R, 72 bytes a
     /// block where the file has 66).
-    pub fn upload(dev: &Arc<Device>, weights: &Weights, graphs: &[&Graph], plan: &WeightPlan, generate: &BTreeSet<String>) -> Result<DeviceWeights, CudaError> {
-        let mut vec_names = BTreeSet::new();
-        for g in graphs {
-            for id in g.order() {
-                let ins = g.inputs(id);
-                for &i in vector_inputs(&g.node(id).op) {
-                    if let Op::Weight { name, .. } = &g.node(ins[i]).op {
-                        vec_names.insert(name.clone());
-                    }
-                }
-            }
-        }
+    pub fn upload(dev: &Arc<Device>, weights: &Weights, plan: &WeightPlan, generate: &BTreeSet<String>) -> Result<DeviceWeights, CudaError> {
         let mut tensors = HashMap::new();
         let mut blocks = Vec::new();
         let mut tiles = HashMap::new();
@@ -206,7 +208,7 @@ impl DeviceWeights {
             blocks.push(buf);
         }
         let mut vectors = HashMap::new();
-        for n in &vec_names {
+        for n in &plan.vectors {
             let host: Vec<f32> = view(weights, n)?.to_vec();
             vectors.insert(n.clone(), dev.upload(&host)?);
         }

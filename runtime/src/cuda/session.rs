@@ -65,7 +65,7 @@ impl<'m> CudaBackend<'m> {
         if let Some(k) = kernels.by_name.get(ds4_codegen::cuda_copy::NAME) {
             dev.set_copy_kernel(&k.func)?;
         }
-        let weights = DeviceWeights::upload(&dev, &model.weights, &graphs, &plan, &opts.generate)?;
+        let weights = DeviceWeights::upload(&dev, &model.weights, &plan, &opts.generate)?;
         let dummy = dev.alloc(16)?;
         let hc_counters = dev.upload(&[0i32; ds4_codegen::cuda_hc_pre::COUNTERS])?;
         let plans = [&model.graph, &model.graph_last, &model.graph_plain, &model.graph_plain_last].into_iter().map(|g| (g, Arc::new(FusionPlan::of(g)))).collect();

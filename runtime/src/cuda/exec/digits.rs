@@ -210,6 +210,18 @@ impl GpuExecutor<'_> {
         Ok(self.gate_up_in_digits(gate, up) && self.kernels.by_name.contains_key(cuda_router::WITH_DIGITS))
     }
 
+    /// The routing chain at scores node `scores` where it runs as one `router_select`
+    /// launch (`tokens` tokens, `n` experts): a decode's tokens, up to
+    /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`, the kernel loaded;
+    /// `DS4_ROUTER=0`: never. `hc_pre`'s router part asks it too (`router_part`), since
+    /// only that launch can add the parts it makes.
+    pub(super) fn routing_launch(&self, scores: ds4_ir::NodeId, tokens: usize, n: usize) -> Option<&crate::cuda::router::RouterChain> {
+        if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) || !self.kernels.by_name.contains_key(cuda_router::NAME) {
+            return None;
+        }
+        self.plan.router(scores).filter(|c| cuda_router::fits(n, c.k))
+    }
+
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
     /// `router_select` launch where it can run so (a decode's tokens, up to
     /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`; `DS4_ROUTER=0` turns it off):
@@ -217,32 +229,29 @@ impl GpuExecutor<'_> {
     /// weights). `logits`: `tokens` rows of `n` (or their parts, `Logits`); `x`: the routed experts' input (the
     /// router's), whose digits the launch makes for them where they take them.
     pub(super) fn router_select(&self, scores: ds4_ir::NodeId, logits: Logits, x: Option<&DevSlice>, tokens: usize, n: usize) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
-        if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
-            return Ok(None);
-        }
-        let Some(kl) = self.kernels.by_name.get(cuda_router::NAME) else { return Ok(None) };
-        let Some(c) = self.plan.router(scores) else { return Ok(None) };
-        if !cuda_router::fits(n, c.k) {
-            return Ok(None);
-        }
+        let Some(c) = self.routing_launch(scores, tokens, n) else { return Ok(None) };
         let (sel, wts) = (self.dev.alloc(tokens * c.k * 4)?, self.dev.alloc(tokens * c.k * 4)?);
+        let d = self.dummy.ptr;
+        // The logits' rows, or their parts (`pnh` 0: none).
+        let (rows, parts, pmix, pinv, pnh, pmw) = match logits {
+            Logits::Rows(l) => (l.ptr(), d, d, d, 0, 0),
+            Logits::Parts(p) => (d, p.parts.ptr, p.mix, p.inv.ptr, p.nh, p.mw),
+        };
         let mut named = vec![
             ("sel", Arg::Ptr(sel.ptr)),
             ("wts", Arg::Ptr(wts.ptr)),
-            ("logits", Arg::Ptr(match logits {
-                Logits::Rows(l) => l.ptr(),
-                Logits::Parts(_) => self.dummy.ptr,
-            })),
+            ("logits", Arg::Ptr(rows)),
             ("bias", Arg::Ptr(self.weights.vector(&c.bias)?.ptr)),
             ("n", u(n)),
             ("k", u(c.k)),
             ("scale", Arg::F32(c.scale)),
             ("normalize", u(c.normalize as usize)),
+            ("parts", Arg::Ptr(parts)),
+            ("pmix", Arg::Ptr(pmix)),
+            ("pinv", Arg::Ptr(pinv)),
+            ("pnh", u(pnh)),
+            ("pmw", u(pmw)),
         ];
-        named.extend(match logits {
-            Logits::Parts(p) => [("parts", Arg::Ptr(p.parts.ptr)), ("pmix", Arg::Ptr(p.mix)), ("pinv", Arg::Ptr(p.inv.ptr)), ("pnh", u(p.nh)), ("pmw", u(p.mw))],
-            Logits::Rows(_) => [("parts", Arg::Ptr(self.dummy.ptr)), ("pmix", Arg::Ptr(self.dummy.ptr)), ("pinv", Arg::Ptr(self.dummy.ptr)), ("pnh", u(0)), ("pmw", u(0))],
-        });
         // With the digits of the experts' x where their gate and up will take them (a
         // decode token: `digits_experts`), in the blocks after the routing's.
         // `DS4_ROUTER_DIGITS=0` turns it off.
@@ -259,7 +268,7 @@ impl GpuExecutor<'_> {
             self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
             self.digits_ahead.replace(Some(DigitsAhead { x: x.ptr(), len: x.len, digits: (xd, xs, xsum) }));
         } else {
-            self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+            self.call_threads(self.kernels.get(cuda_router::NAME)?, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
         }
         Ok(Some(vec![(c.biased.index(), GVal::Freed), (c.top_k.index(), GVal::I(DevSlice::whole(sel, tokens * c.k))), (c.weights.index(), GVal::F(DevSlice::whole(wts, tokens * c.k)))]))
     }

@@ -21,10 +21,10 @@ impl GpuExecutor<'_> {
         if !n.is_multiple_of(c.nh) || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || !x.ptr().is_multiple_of(16) {
             return Ok(None);
         }
-        let (mw, d) = (2 * c.nh + c.nh * c.nh, n / c.nh);
+        let (mw, d) = (ds4_ir::kernels::hc::mix_width(c.nh), n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
         // The router's mat-vec as parts in blocks of their own (`router_part`).
-        let router = self.router_part(c, tokens, d)?;
+        let router = self.router_part(c, tokens, d, mix.ptr)?;
         // The Sinkhorn out of this launch (`CombHome`): the FFN's at the head of the
         // shared expert's lane where the collapse's norm feeds it and the router's
         // mat-vec is a launch of its own, the others' riding the next dense mat-vec (with
@@ -42,15 +42,11 @@ impl GpuExecutor<'_> {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
             None => None,
         };
-        let router_bufs = match &router {
-            Some((_, _, rows)) => Some((self.dev.alloc(tokens * rows * c.nh * 4)?, self.dev.alloc(tokens * 4)?)),
-            None => None,
-        };
-        let r_rows = router.as_ref().map_or(0, |r| r.2);
+        let r_rows = router.as_ref().map_or(0, |r| r.1);
         let named = [
-            ("rw", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.1))),
-            ("rparts", Arg::Ptr(router_bufs.as_ref().map_or(self.dummy.ptr, |b| b.0.ptr))),
-            ("ainv", Arg::Ptr(router_bufs.as_ref().map_or(self.dummy.ptr, |b| b.1.ptr))),
+            ("rw", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.0))),
+            ("rparts", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.2.parts.ptr))),
+            ("ainv", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.2.inv.ptr))),
             ("r_rows", u(r_rows)),
             ("mix", Arg::Ptr(mix.ptr)),
             ("y", Arg::Ptr(y.ptr)),
@@ -76,11 +72,10 @@ impl GpuExecutor<'_> {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
         }
-        let mix_ptr = mix.ptr;
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
-        if let (Some((m, _, _)), Some((parts, inv))) = (router, router_bufs) {
-            made.push((m.index(), GVal::Freed));
-            self.router_parts.replace(Some(RouterParts { logits: m.index(), parts, inv, mix: mix_ptr, nh: c.nh, mw }));
+        if let Some((_, _, parts)) = router {
+            made.push((parts.logits, GVal::Freed));
+            self.router_parts.replace(Some(parts));
         }
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
@@ -88,20 +83,24 @@ impl GpuExecutor<'_> {
         Ok(Some(made))
     }
 
-    /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`)
-    /// makes as parts (`cuda_hc_pre::router_blocks`; `DS4_HC_ROUTER=0`: never): its node,
-    /// its F16 weight's address and its rows, where the routing after it runs as one
-    /// launch that can add them (`router_select`: a decode's tokens, its rows and picks).
-    fn router_part(&self, c: &super::super::hc_pre::HcPreChain, tokens: usize, d: usize) -> Result<Option<(ds4_ir::NodeId, u64, usize)>, ExecError> {
+    /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`,
+    /// its mix at `mix`) makes as parts (`cuda_hc_pre::router_blocks`; `DS4_HC_ROUTER=0`:
+    /// never), where the routing after it runs as the one launch that can add them
+    /// (`routing_launch`): its F16 weight's address, its rows, and the parts' buffers for
+    /// `router_select`.
+    fn router_part(&self, c: &super::super::hc_pre::HcPreChain, tokens: usize, d: usize, mix: u64) -> Result<Option<(u64, usize, RouterParts)>, ExecError> {
         let Some((m, scores, w)) = &c.router else { return Ok(None) };
-        if switched_off!("DS4_HC_ROUTER") || switched_off!("DS4_ROUTER") || c.norm.is_none() || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) || !self.kernels.by_name.contains_key(cuda_router::NAME) {
+        if switched_off!("DS4_HC_ROUTER") || c.norm.is_none() {
             return Ok(None);
         }
-        let Some(rc) = self.plan.router(*scores) else { return Ok(None) };
         let w = self.weights.tensor(w)?;
         let rows = w.ne.get(1).copied().unwrap_or(0) as usize;
-        let fits = w.ty == ds4_ir::GgmlType::F16 && w.ne.first() == Some(&(d as u64)) && w.ptr.is_multiple_of(16) && d.is_multiple_of(4) && cuda_router::fits(rows, rc.k);
-        Ok(fits.then_some((*m, w.ptr, rows)))
+        let fits = w.ty == ds4_ir::GgmlType::F16 && w.ne.first() == Some(&(d as u64)) && w.ptr.is_multiple_of(16) && d.is_multiple_of(4);
+        if !fits || self.routing_launch(*scores, tokens, rows).is_none() {
+            return Ok(None);
+        }
+        let parts = RouterParts { logits: m.index(), parts: self.dev.alloc(tokens * rows * c.nh * 4)?, inv: self.dev.alloc(tokens * 4)?, mix, nh: c.nh, mw: ds4_ir::kernels::hc::mix_width(c.nh) };
+        Ok(Some((w.ptr, rows, parts)))
     }
 
     /// A Sinkhorn's values in `cuda_hc_pre::comb_params`' order, named by `params` (those or
@@ -144,7 +143,7 @@ impl GpuExecutor<'_> {
         let Op::HcExpand { nh } = self.graph.node(node).op else { return Ok(None) };
         let ins = self.graph.inputs(node);
         let (Some(GVal::F(r)), Some(GVal::F(mix))) = (vals.get(&ins[1].index()), vals.get(&ins[2].index())) else { return Ok(None) };
-        if r.len != nh * d || mix.len != 2 * nh + nh * nh {
+        if r.len != nh * d || mix.len != ds4_ir::kernels::hc::mix_width(nh) {
             return Ok(None);
         }
         // A Sinkhorn still pending for this mix first.
