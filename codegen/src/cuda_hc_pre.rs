@@ -30,6 +30,14 @@
 //! it for the decode's few tokens (`MAX_TOKENS`), F16 projections and
 //! nh ≤ `cuda_hc_mix::MAX_NH`; prefills keep the four kernels (their projection is a
 //! tensor-core matmul).
+//!
+//! A launch may take its streams with an addend pending (`pending`). The FFN's y is the
+//! routed experts' plus the shared expert's, which run on two lanes of a decode step's
+//! graph, and the expand after the FFN (in the routed down's launch) needed both. The
+//! shared expert's down waits for the routed gate and up's blocks to leave the SMs (three
+//! an SM), so the routed down waited for it (~3.5 µs a layer, H200, a CUPTI trace). With the
+//! addend pending, the routed down expands its own y, and the lanes meet at the next
+//! `hc_pre`, which reads every stream value anyway and adds the shared expert's share there.
 
 use crate::cuda_hc_mix;
 use crate::quant::{BufElem, QParam};
@@ -45,7 +53,12 @@ pub const COUNTERS: usize = 2 * MAX_TOKENS;
 
 /// Parameters in launch order; `a` and `norm_w` are read and written only when
 /// `has_norm` is 1; with `comb` 0 the combination blocks store their projections and
-/// leave the Sinkhorn to an [`HC_COMB`] launch.
+/// leave the Sinkhorn to an [`HC_COMB`] launch. With `pending` 1 the streams `x` still lack
+/// an addend of the expand that made them: stream i's channel c is
+/// `fmaf(post_i, sy[c], x_i[c])`, post_i the entry nh + i of mix `smix` (the FFN's expand
+/// before this launch made `x` from the routed experts' y alone, and the shared expert's
+/// y, `sy`, is added here: see the module's notes); every block reads the streams so, and
+/// the collapse block writes them whole to `xo`.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
@@ -70,6 +83,10 @@ pub fn params() -> Vec<QParam> {
         QParam::Buffer { name: "rparts", elem: BufElem::F32, mutable: true },
         QParam::Buffer { name: "ainv", elem: BufElem::F32, mutable: true },
         QParam::Scalar { name: "r_rows" },
+        QParam::Buffer { name: "sy", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "smix", elem: BufElem::F32, mutable: false },
+        QParam::Buffer { name: "xo", elem: BufElem::F32, mutable: true },
+        QParam::Scalar { name: "pending" },
     ]
 }
 
@@ -186,6 +203,19 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
+// Float4 i of a token's streams (d4 float4s a stream), with the pending addend post_s · sy
+// added where `pend` (`pending`).
+__device__ __forceinline__ float4 ds4_stream4(const float4* const x, const unsigned int i, const unsigned int d4, const float* const spost, const float4* const sy, const bool pend) {{
+    float4 v = x[i];
+    if (pend) {{
+        const unsigned int s = i / d4;
+        const float p = spost[s];
+        const float4 a = sy[i - s * d4];
+        v.x = fmaf(p, a.x, v.x); v.y = fmaf(p, a.y, v.y); v.z = fmaf(p, a.z, v.z); v.w = fmaf(p, a.w, v.w);
+    }}
+    return v;
+}}
+
 // Four streams' values v and the projection row's halves h added to Σ x² and Σ w·x.
 __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, float& ss, float& dot) {{
     const float4 w = ds4_half4(h);
@@ -200,6 +230,11 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     const unsigned int mw = 2 * h + h * h;
     const unsigned int n4 = h * (unsigned int)d / 4;
     const float4* const x = (const float4*)(ds4_x + (unsigned long long)item * nh * d);
+    const unsigned int d4 = (unsigned int)d / 4;
+    // The addend the expand before left pending (`pending`).
+    const bool pend = pending != 0ull;
+    const float* const spost = ds4_smix + (unsigned long long)item * mw + h;
+    const float4* const sy = (const float4*)(ds4_sy + (unsigned long long)item * d);
     if (row >= mw) {{
         // The router's part: rows j0 .. j0 + ROUTER_ROWS of the router's F16 weights
         // (r_rows rows of d) against each stream scaled by the collapse's norm weight,
@@ -207,7 +242,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         // products, inv · Σ_i pre_i · P[j][i] (`ainv`, the pre weights in `mix`), which
         // `router_select` adds: the router's mat-vec needs only the streams, so it runs
         // here beside the projection rows instead of as a launch after this one.
-        const unsigned int d4r = (unsigned int)d / 4;
+        const unsigned int d4r = d4;
         const unsigned int j0 = (row - mw) * {RR}u;
         const uint2* const rw = (const uint2*)(ds4_rw + (unsigned long long)j0 * d * 2);
         uint2 rfirst[{RR}];
@@ -231,7 +266,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
                 #pragma unroll
                 for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
                     if (i < h) {{
-                        const float4 v = x[i * d4r + c];
+                        const float4 v = ds4_stream4(x, i * d4r + c, d4, spost, sy, pend);
                         float t = acc[jj * DS4_MAX_NH + i];
                         t = fmaf(wg.x, v.x, t); t = fmaf(wg.y, v.y, t); t = fmaf(wg.z, v.z, t); t = fmaf(wg.w, v.w, t);
                         acc[jj * DS4_MAX_NH + i] = t;
@@ -275,14 +310,14 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
         const unsigned int i = threadIdx.x + j * blockDim.x;
-        xr[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        xr[j] = i < n4 ? ds4_stream4(x, i, d4, spost, sy, pend) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }}
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
         if (threadIdx.x + j * blockDim.x < n4) ds4_add_terms(xr[j], w_first[j], ss_part, dot_part);
     }}
     #pragma unroll 4
-    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(x[i], wr[i], ss_part, dot_part);
+    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(ds4_stream4(x, i, d4, spost, sy, pend), wr[i], ss_part, dot_part);
     const float2 sums = ds4_block_sum2(ss_part, dot_part);
     const float ss = sums.x, dot = sums.y;
     // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
@@ -322,10 +357,10 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     float pre[DS4_MAX_NH];
     #pragma unroll
     for (unsigned int i = 0; i < DS4_MAX_NH; i++) pre[i] = i < h ? __ldcg(mix + i) : 0.0f;
-    const unsigned int d4 = (unsigned int)d / 4;
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     const float4* const nw = (const float4*)ds4_norm_w;
     float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
+    float4* const xo = (float4*)(ds4_xo + (unsigned long long)item * nh * d);
     // A stream of one float4 a thread and no more streams than the sums' first loads
     // (`held`): thread t holds x[i·d4 + t] of every stream i in xr[i] (DeepSeek-V4-Flash: 4
     // streams of 4096, 1024 threads), its one output is made from those and normed from
@@ -340,7 +375,9 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         #pragma unroll
         for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
             if (i < h) {{
-                const float4 v = held && i < {PREFETCH}u ? xr[i < {PREFETCH}u ? i : 0u] : x[i * d4 + c];
+                const float4 v = held && i < {PREFETCH}u ? xr[i < {PREFETCH}u ? i : 0u] : ds4_stream4(x, i * d4 + c, d4, spost, sy, pend);
+                // The streams with the addend, for the launches after this one.
+                if (pend) xo[i * d4 + c] = v;
                 acc.x += pre[i] * v.x; acc.y += pre[i] * v.y; acc.z += pre[i] * v.z; acc.w += pre[i] * v.w;
             }}
         }}

@@ -1100,7 +1100,9 @@ fn indexer_scores_vec_is_the_cpus_floats() {
 /// a second launch gives the same floats bit for bit, and so does a launch that leaves the
 /// Sinkhorn to `hc_comb`. With a router part (`cuda_hc_pre::router_blocks`), the logits
 /// added from its parts are the router's mat-vec of the collapse's norm to 1e-5 of Σ|w·a|,
-/// and the mix, collapse and norm are the same floats as without it.
+/// and the mix, collapse and norm are the same floats as without it. From streams with a
+/// shared expert's share pending (`pending`), the same floats as from the streams with it
+/// added, and those streams written whole, bit for bit.
 #[test]
 fn hc_pre_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
@@ -1115,7 +1117,13 @@ fn hc_pre_matches_the_chain_it_fuses() {
         let d = if case < 2 { 4096 } else { 4 * r.range(16, 1025) };
         let (tokens, iters) = (r.range(1, cuda_hc_pre::MAX_TOKENS + 1), r.range(1, 21));
         let (n, mw) = (nh * d, 2 * nh + nh * nh);
-        let (x, wf, scale, base) = (f32s(&mut r, tokens * n, -3.0, 3.0), f32s(&mut r, mw * n, -0.05, 0.05), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
+        let (xp, wf, scale, base) = (f32s(&mut r, tokens * n, -3.0, 3.0), f32s(&mut r, mw * n, -0.05, 0.05), f32s(&mut r, 3, 0.5, 2.0), f32s(&mut r, mw, -1.0, 1.0));
+        // The streams are an expand's with a shared expert's y `sy` left out (`pending`),
+        // scaled by the post weights of mix `smix`: the reference's x has it added as the
+        // kernel adds it (one fused multiply-add).
+        let (sy, smix) = (f32s(&mut r, tokens * d, -2.0, 2.0), f32s(&mut r, tokens * mw, 0.0, 2.0));
+        let x: Vec<f32> = (0..tokens * n).map(|i| smix[(i / n) * mw + nh + (i % n) / d].mul_add(sy[(i / n) * d + i % d], xp[i])).collect();
+        let (xpb, syb, smixb) = (dev.upload(&xp).unwrap(), dev.upload(&sy).unwrap(), dev.upload(&smix).unwrap());
         let mut w = vec![0u8; mw * n * 2];
         ds4_ir::quant::quantize_row(ds4_ir::GgmlType::F16, &wf, &mut w).unwrap();
         let (xb, wb, sb, bb) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap(), dev.upload(&scale).unwrap(), dev.upload(&base).unwrap());
@@ -1155,14 +1163,17 @@ fn hc_pre_matches_the_chain_it_fuses() {
         ds4_ir::quant::dequantize_row(ds4_ir::GgmlType::F16, &rw, &mut rwf16).unwrap();
         let (rparts, ainv) = (dev.alloc((tokens * r_rows * nh * 4).max(4)).unwrap(), dev.alloc(tokens * 4).unwrap());
         let mut runs = Vec::new();
-        for run in 0..3 {
+        // Runs 0 and 1 alike, 2 with `hc_comb`, 3 from the streams with the share pending.
+        let xo = dev.upload(&vec![f32::NAN; tokens * n]).unwrap();
+        for run in 0..4 {
             let (mix, y, a, proj) = (dev.upload(&vec![f32::NAN; tokens * mw]).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * d * 4).unwrap(), dev.alloc(tokens * mw * 4).unwrap());
-            let comb = run < 2;
-            let rr = if run == 0 { r_rows } else { 0 };
+            let (comb, pending) = (run != 2, run == 3);
+            let rr = if run == 0 || run == 3 { r_rows } else { 0 };
             let args = [
-                Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(a.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(xb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), Arg::Ptr(gb.ptr),
+                Arg::Ptr(mix.ptr), Arg::Ptr(y.ptr), Arg::Ptr(a.ptr), Arg::Ptr(proj.ptr), Arg::Ptr(counters.ptr), Arg::Ptr(if pending { xpb.ptr } else { xb.ptr }), Arg::Ptr(wb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(bb.ptr), Arg::Ptr(gb.ptr),
                 u(nh), u(d), u(iters), Arg::F32(eps_norm), Arg::F32(eps_mix), u(has_norm as usize), Arg::F32(eps_a), u(comb as usize),
                 Arg::Ptr(rwb.ptr), Arg::Ptr(rparts.ptr), Arg::Ptr(ainv.ptr), u(rr),
+                Arg::Ptr(syb.ptr), Arg::Ptr(smixb.ptr), Arg::Ptr(xo.ptr), u(pending as usize),
             ];
             launch(&dev, &k.func, ((mw + cuda_hc_pre::router_blocks(rr)) as u32, tokens as u32, 1), (k.threads, 1, 1), 0, &args).unwrap();
             if rr != 0 {
@@ -1205,6 +1216,8 @@ fn hc_pre_matches_the_chain_it_fuses() {
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same(&runs[0].0, &runs[1].0) && same(&runs[0].1, &runs[1].1) && (!has_norm || same(&runs[0].2, &runs[1].2)), "hc_pre's second launch differs: its counters did not return to zero");
         assert!(same(&runs[0].0, &runs[2].0) && same(&runs[0].1, &runs[2].1) && (!has_norm || same(&runs[0].2, &runs[2].2)), "hc_pre with hc_comb is not hc_pre's floats");
+        assert!(same(&runs[0].0, &runs[3].0) && same(&runs[0].1, &runs[3].1) && (!has_norm || same(&runs[0].2, &runs[3].2)), "hc_pre with the share pending is not hc_pre's floats on the streams with it added");
+        assert!(same(&xo.read::<f32>(tokens * n).unwrap(), &x), "hc_pre's streams made whole are not the streams with the share added");
     }
 }
 

@@ -36,6 +36,9 @@ pub struct FusionPlan {
     moe_add: HashMap<usize, (NodeId, NodeId)>,
     attention_rope: HashMap<usize, NodeId>,
     expand: HashMap<usize, NodeId>,
+    /// The routed experts' adds of the shared expert whose expand's streams go on to a
+    /// pre chain alone, by add: that chain's norm (`shared_later`).
+    shared_later: HashMap<usize, NodeId>,
     rope_keys: HashMap<usize, Vec<u32>>,
     side: HashMap<usize, Branch>,
     joins: std::collections::HashSet<usize>,
@@ -184,6 +187,7 @@ impl FusionPlan {
         for c in plan.hc_pre.values_mut() {
             c.feeds_shared_expert = c.norm.as_ref().is_some_and(|(id, _, _)| g.consumers(*id).iter().any(|r| plan.side.get(&r.index()) == Some(&Branch::SharedExpert)));
         }
+        plan.shared_later = shared_later_of(g, &plan);
         plan.all_rows = crate::all_rows::AllRows::of(g);
         let (mut selecting, mut every_row) = (run_order(g, &queries, &indexer_queries), g.order());
         if !switched_off!("DS4_COMP_FIRST") {
@@ -250,6 +254,13 @@ impl FusionPlan {
         self.moe_add.get(&moe.index()).copied()
     }
 
+    /// Where the shared expert's share of the routed experts' add `add` may be left for
+    /// later (`cuda_hc_pre`'s `pending`): the norm of the pre chain that reads the add's
+    /// expanded streams, which may add it as it reads them.
+    pub fn shared_later(&self, add: NodeId) -> Option<NodeId> {
+        self.shared_later.get(&add.index()).copied()
+    }
+
     /// The RoPE that is attention node `attn`'s only reader.
     pub fn attention_rope(&self, attn: NodeId) -> Option<NodeId> {
         self.attention_rope.get(&attn.index()).copied()
@@ -306,6 +317,30 @@ fn moe_add_at(g: &Graph, moe: NodeId) -> Option<(NodeId, NodeId)> {
     };
     // Graph order is node order (`Graph::order`).
     (other.index() < moe.index()).then_some((add, other))
+}
+
+/// The adds of the shared expert (`moe_add`) that may leave its share for the next pre
+/// chain, by add: the add (no graph output) is read by its expand alone (`expand`), and
+/// that expand's streams (no graph output) by one pre chain's norm (through a reshape read
+/// by nothing else), that chain's collapse, and expands that read them as their old
+/// streams; each of those reads them after the chain has added the share.
+fn shared_later_of(g: &Graph, plan: &FusionPlan) -> HashMap<usize, NodeId> {
+    let mut later = HashMap::new();
+    for &(add, _) in plan.moe_add.values() {
+        let Some(&expand) = plan.expand.get(&add.index()) else { continue };
+        if g.is_output(add) || g.is_output(expand) || g.consumers(add) != [expand] {
+            continue;
+        }
+        let next = plan.hc_pre.iter().find(|(_, c)| c.streams == expand).map(|(&norm, c)| (NodeId::new(norm), c));
+        let Some((norm, c)) = next else { continue };
+        let flat = g.inputs(norm)[0];
+        let alone = g.consumers(flat) == [norm]
+            && g.consumers(expand).into_iter().all(|r| r == flat || r == c.collapse || (matches!(g.node(r).op, Op::HcExpand { .. }) && g.inputs(r)[1] == expand && g.inputs(r)[0] != expand));
+        if alone {
+            later.insert(add.index(), norm);
+        }
+    }
+    later
 }
 
 /// The nodes that `of` needs (itself included) and none of `others` does, weights and
@@ -473,7 +508,7 @@ mod tests {
         let g = &model.graph;
         let plan = FusionPlan::of(g);
         let (mut pre, mut nr, mut rt, mut ropes, mut moe_adds, mut attention_ropes, mut side, mut query, mut expands, mut indexed) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-        let (mut ffn_pre, mut norm_matmuls, mut q_norms) = (0, 0, 0);
+        let (mut ffn_pre, mut norm_matmuls, mut q_norms, mut shared_later) = (0, 0, 0, 0);
         for id in g.order() {
             let found_pre = hc_pre::chain_at(g, id).is_some();
             assert_eq!(plan.hc_pre(id).is_some(), found_pre, "{}", g.node(id).label);
@@ -497,6 +532,18 @@ mod tests {
                 moe_adds += 1;
                 // The shared expert's output is on the side branch, which joins at the add.
                 assert!(plan.side(other) == Some(Branch::SharedExpert) && plan.joins(add) && plan.side(id).is_none() && !plan.joins(id), "{}", g.node(id).label);
+                // Its share left for the next layer's attention pre chain, which reads the
+                // expanded streams; the last layer's go to the output head.
+                let layer: usize = g.node(id).label.split('.').nth(1).and_then(|l| l.parse().ok()).expect("blk.N label");
+                match plan.shared_later(add) {
+                    Some(norm) => {
+                        let c = plan.hc_pre(norm).expect("a pre chain");
+                        assert_eq!(Some(c.streams), plan.expand(add), "{}: the chain reads the add's expand", g.node(id).label);
+                        assert!(g.node(norm).label.starts_with(&format!("blk.{}.hc_attn", layer + 1)), "{}: left for {}", g.node(id).label, g.node(norm).label);
+                        shared_later += 1;
+                    }
+                    None => assert_eq!(layer + 1, model.hp.n_layer, "{}: only the last layer's share is added at once", g.node(id).label),
+                }
             }
             match plan.side(id) {
                 Some(Branch::SharedExpert) => {
@@ -547,6 +594,7 @@ mod tests {
         assert_eq!(pre, 2 * model.hp.n_layer, "two pre chains a layer");
         assert_eq!(moe_adds, model.hp.n_layer, "the shared expert's add after every layer's routed experts");
         assert_eq!(ffn_pre, model.hp.n_layer, "every layer's FFN pre chain feeds its shared expert");
+        assert_eq!(shared_later, model.hp.n_layer - 1, "every layer's shared expert but the last's left for the next layer");
         assert_eq!(attention_ropes, model.hp.n_layer, "the inverse RoPE after every layer's attention");
         assert_eq!(expands, 2 * model.hp.n_layer, "an expand after every sublayer, at its y");
         assert!(nr > 0 && rt > 0 && ropes > 0, "norm-RoPE chains {nr}, routing chains {rt}, RoPE nodes {ropes}");

@@ -10,6 +10,8 @@ use ds4_ir::{Graph, NodeId, Op};
 
 /// A chain found at its norm node.
 pub struct HcPreChain {
+    /// The streams the chain reads (its norm reads a reshape of them).
+    pub streams: NodeId,
     pub proj: NodeId,
     pub mix: NodeId,
     pub collapse: NodeId,
@@ -60,7 +62,7 @@ pub fn chain_at(g: &Graph, norm: NodeId) -> Option<HcPreChain> {
         _ => None,
     });
     let router = norm.as_ref().and_then(|(a, _, _)| router_of(g, *a));
-    Some(HcPreChain { proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm, router, feeds_shared_expert: false })
+    Some(HcPreChain { streams: r, proj, mix, collapse, w: g.weight_name(pin[1])?.to_string(), scale: g.weight_name(min[1])?.to_string(), base: g.weight_name(min[2])?.to_string(), nh, iters, eps_mix: eps, norm, router, feeds_shared_expert: false })
 }
 
 /// The router mat-vec that reads norm `a` (its x), read only by scores that start a routing

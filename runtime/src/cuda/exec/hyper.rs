@@ -5,7 +5,7 @@
 
 use super::*;
 
-impl GpuExecutor<'_> {
+impl<'a> GpuExecutor<'a> {
     /// The hyper-connection pre chain that starts at norm node `norm` (`hc_pre.rs`), as
     /// one `hc_pre` launch where it can run so (a decode's few tokens, an F16 projection,
     /// a mix that fits a warp; `DS4_HC_PRE=0` turns it off): the values it makes ahead
@@ -13,14 +13,16 @@ impl GpuExecutor<'_> {
     /// weighted norm where that is its only reader). `x`: the norm's
     /// input, `tokens` rows of `n` floats (the streams).
     pub(super) fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
-        if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
-            return Ok(None);
-        }
-        let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
+        // The shared expert's share an FFN's expand left for this launch (`SharedLater`).
+        let later = self.shared_later.borrow_mut().take_if(|l| self.plan.hc_pre(norm).is_some_and(|c| c.streams.index() == l.streams));
+        let taken = self.hc_pre_takes(norm, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16));
+        let Some(c) = taken else {
+            return match later {
+                Some(_) => Err(ExecError::Internal(format!("{}: the shared expert's share was left for an hc_pre launch that does not run", self.graph.node(norm).label))),
+                None => Ok(None),
+            };
+        };
         let w = self.weights.tensor(&c.w)?;
-        if !n.is_multiple_of(c.nh) || !cuda_hc_pre::fits(c.nh, n / c.nh, tokens) || w.ty != ds4_ir::GgmlType::F16 || !x.ptr().is_multiple_of(16) {
-            return Ok(None);
-        }
         let (mw, d) = (ds4_ir::kernels::hc::mix_width(c.nh), n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
         // The router's mat-vec as parts in blocks of their own (`router_part`).
@@ -43,6 +45,8 @@ impl GpuExecutor<'_> {
             None => None,
         };
         let r_rows = router.as_ref().map_or(0, |r| r.1);
+        // The streams made whole, where a share is added.
+        let whole = later.as_ref().map(|_| self.dev.alloc(tokens * n * 4)).transpose()?;
         let named = [
             ("rw", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.0))),
             ("rparts", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.2.parts.ptr))),
@@ -66,8 +70,19 @@ impl GpuExecutor<'_> {
             ("has_norm", u(norm.is_some() as usize)),
             ("eps_a", Arg::F32(norm.as_ref().map_or(0.0, |n| n.2))),
             ("comb", u(home.is_none() as usize)),
+            ("sy", Arg::Ptr(later.as_ref().map_or(self.dummy.ptr, |l| l.y.ptr()))),
+            ("smix", Arg::Ptr(later.as_ref().map_or(self.dummy.ptr, |l| l.mix.ptr()))),
+            ("xo", Arg::Ptr(whole.as_ref().map_or(self.dummy.ptr, |b| b.ptr))),
+            ("pending", u(later.is_some() as usize)),
         ];
+        // The shared expert's lane (which made the share) joins here.
+        if later.is_some() {
+            self.join()?;
+        }
         self.call(cuda_hc_pre::NAME, ((mw + cuda_hc_pre::router_blocks(r_rows)) as u32, tokens as u32), &named)?;
+        if let Some(whole) = whole {
+            self.streams_made_whole.replace(Some((c.streams.index(), DevSlice::whole(whole, tokens * n))));
+        }
         if let Some(home) = home {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
@@ -81,6 +96,18 @@ impl GpuExecutor<'_> {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
         }
         Ok(Some(made))
+    }
+
+    /// The pre chain at norm node `norm` where it runs as one `hc_pre` launch for `tokens`
+    /// tokens of streams of `n` floats (16-byte aligned, which `hc_pre` checks): a decode's
+    /// few tokens, an F16 projection, a mix that fits a warp; `DS4_HC_PRE=0`: never.
+    pub(super) fn hc_pre_takes(&self, norm: ds4_ir::NodeId, tokens: usize, n: usize) -> Result<Option<&'a super::super::hc_pre::HcPreChain>, ExecError> {
+        if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
+            return Ok(None);
+        }
+        let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
+        let fits = n.is_multiple_of(c.nh) && cuda_hc_pre::fits(c.nh, n / c.nh, tokens) && self.weights.tensor(&c.w)?.ty == ds4_ir::GgmlType::F16;
+        Ok(fits.then_some(c))
     }
 
     /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`,
@@ -156,6 +183,19 @@ impl GpuExecutor<'_> {
     /// The expand a launch takes (None: none), with its new streams allocated.
     pub(super) fn take_expand<'e>(&self, e: Option<&'e ExpandTo>) -> Result<Option<ExpandOut<'e>>, ExecError> {
         e.map(|e| Ok((e, self.dev.alloc(e.len * 4)?))).transpose()
+    }
+
+    /// Whether the shared expert's y `s` (its add `add` expanded by `e`, `tokens` tokens)
+    /// may be left out of the expand for the next `hc_pre` to add (`cuda_hc_pre`'s
+    /// `pending`): where the plan offers it (`shared_later`), the next chain runs as an
+    /// `hc_pre` launch, and `DS4_SHARED_LATER` is not 0. What to hold for it if so.
+    pub(super) fn shared_later(&self, add: ds4_ir::NodeId, s: &DevSlice, e: &ExpandTo, vals: &HashMap<usize, GVal>, tokens: usize) -> Result<Option<SharedLater>, ExecError> {
+        let Some(norm) = self.plan.shared_later(add).filter(|_| !switched_off!("DS4_SHARED_LATER")) else { return Ok(None) };
+        if self.hc_pre_takes(norm, tokens, e.len)?.is_none() {
+            return Ok(None);
+        }
+        let Some(GVal::F(mix)) = vals.get(&self.graph.inputs(e.node)[2].index()) else { return Ok(None) };
+        Ok(Some(SharedLater { streams: e.node.index(), y: s.clone(), mix: mix.clone() }))
     }
 
     /// A launch's expand arguments (`cuda_hc_expand::params`; `enh` 0 for none).

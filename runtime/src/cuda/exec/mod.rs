@@ -181,6 +181,20 @@ pub struct GpuExecutor<'a> {
     pub comb_pending: std::cell::RefCell<Option<CombPending<'a>>>,
     /// The router logits' parts an `hc_pre` launch made, taken by the routing's launch.
     pub router_parts: std::cell::RefCell<Option<RouterParts>>,
+    /// The shared expert's share of an FFN's expand, left for the next `hc_pre` to add.
+    pub shared_later: std::cell::RefCell<Option<SharedLater>>,
+    /// The streams an `hc_pre` launch made whole from a [`SharedLater`]'s: their node's
+    /// value from then on (`run_nodes` puts it in).
+    pub streams_made_whole: std::cell::RefCell<Option<(usize, DevSlice)>>,
+}
+
+/// The shared expert's y that an FFN's expand left out of the streams it made (node
+/// `streams`), with the mix whose post weights scale it: the next `hc_pre` adds it
+/// (`cuda_hc_pre`'s `pending`). Held here, the buffers outlive their nodes' last readers.
+pub struct SharedLater {
+    streams: usize,
+    y: DevSlice,
+    mix: DevSlice,
 }
 
 /// The parts of a router mat-vec's logits an `hc_pre` launch made in its router blocks
@@ -443,6 +457,14 @@ impl GpuExecutor<'_> {
             };
             profile::stop(self.dev, t_node, op.name(), &g.node(id).label)?;
             settle(&mut vals, id, value, &ins, step, last_use);
+            // Streams an `hc_pre` launch made whole (`SharedLater`): their readers from
+            // now on read those.
+            if let Some((node, whole)) = self.streams_made_whole.take() {
+                vals.insert(node, GVal::F(whole));
+            }
+        }
+        if self.shared_later.borrow().is_some() {
+            return Err(ExecError::Internal("a shared expert's share was left for an hc_pre launch that never came".into()));
         }
         // A Sinkhorn no node took (none should be left).
         self.launch_comb()?;

@@ -92,14 +92,27 @@ impl GpuExecutor<'_> {
         // The graph's add of the shared expert, folded into the integer down
         // (`fusion_plan.rs`).
         let add = self.plan.moe_add(id).filter(|_| !switched_off!("DS4_MOE_ADD")).and_then(|(add, other)| match nv.vals.get(&other.index()) {
-            Some(GVal::F(s)) if s.len == n_out => Some((add, s.ptr())),
+            Some(GVal::F(s)) if s.len == n_out => Some((add, s)),
             _ => None,
         });
         // And the expand of what it makes (the add's value, or its own).
         let expand = self.expand_to(add.map_or(id, |(add, _)| add), nv.vals, d)?;
-        made.extend(self.digits_down(&out, down, h, sel, wts, add.map(|(_, p)| p), expand.as_ref(), d, ff, k)?);
+        // Or the add's share of the expand left for the next `hc_pre` (`SharedLater`):
+        // then the launch adds nothing and waits for no lane.
+        let later = match (add, expand.as_ref()) {
+            (Some((add, s)), Some(e)) if cuda_digits::down_expand_fits(e.nh) => self.shared_later(add, s, e, nv.vals, nv.rows(0))?,
+            _ => None,
+        };
+        let addend = add.filter(|_| later.is_none()).map(|(_, s)| s.ptr());
+        made.extend(self.digits_down(&out, down, h, sel, wts, addend, expand.as_ref(), d, ff, k)?);
         let value = GVal::F(DevSlice::whole(out, n_out));
         Ok(match add {
+            // The add's value is never made where its share is left for later: only the
+            // expand read it.
+            Some((add, _)) if later.is_some() => {
+                self.shared_later.replace(later);
+                fused(made, vec![(add.index(), GVal::Freed)])
+            }
             Some((add, _)) => fused(made, vec![(add.index(), value)]),
             None => value,
         })
