@@ -605,6 +605,23 @@ mod tests {
         assert!(csa > 0 && indexed >= 3 * csa, "a CSA layer's indexer query projection, RoPE and Hadamard on their branch: {indexed}");
     }
 
+    /// A layer whose expanded streams are a graph output (a residual read back, a split
+    /// point's hand-over) adds its shared expert's share at once: the value read must be
+    /// whole. The other layers still leave theirs for the next `hc_pre`.
+    #[test]
+    fn streams_read_outside_the_graph_take_the_share_at_once() {
+        let model = crate::cuda::tiny_q2();
+        let mut g = model.graph.clone();
+        let adds: Vec<(NodeId, NodeId)> = g.order().into_iter().filter_map(|id| moe_add_at(&g, id)).map(|(add, _)| (add, g.only_reader(add).expect("the add's expand"))).collect();
+        assert_eq!(adds.len(), model.hp.n_layer);
+        let plan = FusionPlan::of(&g);
+        assert!(plan.shared_later(adds[0].0).is_some(), "layer 0's share left for later");
+        g.mark_output("residual.0", adds[0].1);
+        let plan = FusionPlan::of(&g);
+        assert!(plan.shared_later(adds[0].0).is_none(), "layer 0's streams are read back: added at once");
+        assert_eq!(adds[1..].iter().filter(|(add, _)| plan.shared_later(*add).is_some()).count(), model.hp.n_layer - 2, "the other layers but the last leave theirs");
+    }
+
     /// The run orders hold every node once, each after its inputs, with their last uses;
     /// in a layer with an indexer the indexer's query branch runs right after the query
     /// norm it reads and the attention's query branch right after the indexer's scores,
