@@ -549,7 +549,7 @@ __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, 
     const unsigned int* const xw = (const unsigned int*)ds4_xd;
     const unsigned long long kw = k / 4ull;
     float part[{rows}] = {{{zeros}}};
-    // Lane l takes the 32-weight groups l, l + 32, ... of its warp's {rows_word} rows. A 32-bit
+    // Lane l takes the 32-weight groups l, l + 32, ... of its warp's {rows} rows. A 32-bit
     // counter and four groups' loads in flight: 28.9 -> 27.3 µs on the H200 (six picks of
     // 2048 × 4096, standalone; the 64-bit counter kept the loop from unrolling).
     #pragma unroll 4
@@ -590,7 +590,6 @@ __device__ __forceinline__ unsigned int ds4_sign_nibbles(const unsigned int sw, 
         block = GgmlType::Iq2XxsR.block_bytes(),
         qs_at = iq2_xxs_r_qs_offset(),
         zeros = vec!["0.0f"; rows].join(", "),
-        rows_word = if rows == 4 { "four" } else { "eight" },
         x_loads = x_group_loads("ib * 4ull", "ib"),
         acc_decl = digit_sums("acc"),
         acc_sum = digits_combined("acc"),

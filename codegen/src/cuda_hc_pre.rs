@@ -242,7 +242,6 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         // products, inv · Σ_i pre_i · P[j][i] (`ainv`, the pre weights in `mix`), which
         // `router_select` adds: the router's mat-vec needs only the streams, so it runs
         // here beside the projection rows instead of as a launch after this one.
-        const unsigned int d4r = d4;
         const unsigned int j0 = (row - mw) * {RR}u;
         const uint2* const rw = (const uint2*)(ds4_rw + (unsigned long long)j0 * d * 2);
         uint2 rfirst[{RR}];
@@ -250,23 +249,23 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         for (unsigned int jj = 0; jj < {RR}u; jj++) rfirst[jj] = make_uint2(0u, 0u);
 {guard_open_r}        #pragma unroll
         for (unsigned int jj = 0; jj < {RR}u; jj++) {{
-            if (j0 + jj < (unsigned int)r_rows && threadIdx.x < d4r) rfirst[jj] = __ldg(rw + jj * d4r + threadIdx.x);
+            if (j0 + jj < (unsigned int)r_rows && threadIdx.x < d4) rfirst[jj] = __ldg(rw + jj * d4 + threadIdx.x);
         }}
 {guard_close}{wait}        float acc[{RR} * DS4_MAX_NH];
         #pragma unroll
         for (unsigned int q = 0; q < {RR}u * DS4_MAX_NH; q++) acc[q] = 0.0f;
         const float4* const g4 = (const float4*)ds4_norm_w;
-        for (unsigned int c = threadIdx.x; c < d4r; c += blockDim.x) {{
+        for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
             const float4 g = has_norm != 0ull ? g4[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
             #pragma unroll
             for (unsigned int jj = 0; jj < {RR}u; jj++) {{
                 if (j0 + jj >= (unsigned int)r_rows) continue;
-                const float4 w = ds4_half4(c == threadIdx.x ? rfirst[jj] : __ldg(rw + jj * d4r + c));
+                const float4 w = ds4_half4(c == threadIdx.x ? rfirst[jj] : __ldg(rw + jj * d4 + c));
                 const float4 wg = make_float4(w.x * g.x, w.y * g.y, w.z * g.z, w.w * g.w);
                 #pragma unroll
                 for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
                     if (i < h) {{
-                        const float4 v = ds4_stream4(x, i * d4r + c, d4, spost, sy, pend);
+                        const float4 v = ds4_stream4(x, i * d4 + c, d4, spost, sy, pend);
                         float t = acc[jj * DS4_MAX_NH + i];
                         t = fmaf(wg.x, v.x, t); t = fmaf(wg.y, v.y, t); t = fmaf(wg.z, v.z, t); t = fmaf(wg.w, v.w, t);
                         acc[jj * DS4_MAX_NH + i] = t;
@@ -405,7 +404,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         entry = crate::cuda::own_entry_unwaited(NAME, &THREADS.to_string(), &params()),
         wait = crate::cuda::GRID_WAIT,
         guard_open = crate::cuda::before_wait_open("n4 != 0u"),
-        guard_open_r = crate::cuda::before_wait_open("d4r != 0u"),
+        guard_open_r = crate::cuda::before_wait_open("d4 != 0u"),
         guard_close = crate::cuda::BEFORE_WAIT_CLOSE,
         PREFETCH = 4,
         RR = ROUTER_ROWS,
@@ -440,7 +439,7 @@ mod tests {
     #[test]
     fn first_weights_load_in_a_branch_before_the_wait() {
         let src = source();
-        for (cond, load) in [("if (n4 != 0u) {", "w_first[j] = __ldg(wr + i);"), ("if (d4r != 0u) {", "rfirst[jj] = __ldg(rw + jj * d4r + threadIdx.x);")] {
+        for (cond, load) in [("if (n4 != 0u) {", "w_first[j] = __ldg(wr + i);"), ("if (d4 != 0u) {", "rfirst[jj] = __ldg(rw + jj * d4 + threadIdx.x);")] {
             let open = src.find(cond).unwrap();
             let load = src.find(load).unwrap();
             let close = open + src[open..].find(crate::cuda::BEFORE_WAIT_CLOSE).unwrap();

@@ -152,10 +152,10 @@ impl WeightPlan {
                     .collect::<Result<_, CudaError>>()
             })
             .collect::<Result<_, _>>()?;
-        let per_tensor = allocations.iter().map(|a| round_up(a.iter().map(|w| w.bytes).sum::<usize>().max(1), TENSOR_ALIGN)).sum();
-        let packed = allocations.iter().flatten().map(|w| round_up(w.bytes, PACKED_ALIGN)).sum();
+        // The bytes the upload allocates (`offsets`, `aligned_bytes`), and packed.
+        let packed = offsets(allocations.iter().flatten(), Placement::Packed).1;
         let need = match placement {
-            Placement::PerTensor => per_tensor,
+            Placement::PerTensor => allocations.iter().map(|a| aligned_bytes(offsets(a, placement).1)).sum(),
             Placement::Packed => packed,
         };
         let mut vectors = BTreeSet::new();
@@ -227,14 +227,14 @@ impl DeviceWeights {
 /// Each weight's byte offset in its allocation, and the bytes the allocation holds: back to
 /// back in a (2 MiB-aligned) allocation of its group, or at 256-byte offsets in the one
 /// packed allocation.
-fn offsets(group: &[Planned], placement: Placement) -> (Vec<usize>, usize) {
+fn offsets<'p>(group: impl IntoIterator<Item = &'p Planned>, placement: Placement) -> (Vec<usize>, usize) {
     let align = match placement {
         Placement::PerTensor => 1,
         Placement::Packed => PACKED_ALIGN,
     };
     let mut at = 0;
     let offsets = group
-        .iter()
+        .into_iter()
         .map(|w| {
             let off = at;
             at = round_up(at + w.bytes, align);
@@ -343,11 +343,16 @@ fn random_tile(ty: GgmlType) -> Result<Vec<u8>, ds4_ir::quant::QuantError> {
     Ok(tile)
 }
 
+/// The bytes of a 2 MiB-aligned allocation holding `bytes` (`aligned_alloc`).
+fn aligned_bytes(bytes: usize) -> usize {
+    round_up(bytes.max(1), TENSOR_ALIGN)
+}
+
 /// An allocation of at least `bytes` whose returned offset is 2 MiB-aligned: sized in
 /// whole 2 MiB units (the driver then hands out 2 MiB-aligned addresses); one more unit
 /// if it did not.
 fn aligned_alloc(dev: &Arc<Device>, bytes: usize) -> Result<(DeviceBuf, usize), CudaError> {
-    let size = round_up(bytes.max(1), TENSOR_ALIGN);
+    let size = aligned_bytes(bytes);
     let buf = dev.alloc_owned(size)?;
     if (buf.ptr as usize).is_multiple_of(TENSOR_ALIGN) {
         return Ok((buf, 0));

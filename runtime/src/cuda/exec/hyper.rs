@@ -16,13 +16,12 @@ impl<'a> GpuExecutor<'a> {
         // The shared expert's share an FFN's expand left for this launch (`SharedLater`).
         let later = self.shared_later.borrow_mut().take_if(|l| self.plan.hc_pre(norm).is_some_and(|c| c.streams.index() == l.streams));
         let taken = self.hc_pre_takes(norm, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16));
-        let Some(c) = taken else {
+        let Some((c, w)) = taken else {
             return match later {
                 Some(_) => Err(ExecError::Internal(format!("{}: the shared expert's share was left for an hc_pre launch that does not run", self.graph.node(norm).label))),
                 None => Ok(None),
             };
         };
-        let w = self.weights.tensor(&c.w)?;
         let (mw, d) = (ds4_ir::kernels::hc::mix_width(c.nh), n / c.nh);
         let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
         // The router's mat-vec as parts in blocks of their own (`router_part`).
@@ -100,14 +99,16 @@ impl<'a> GpuExecutor<'a> {
 
     /// The pre chain at norm node `norm` where it runs as one `hc_pre` launch for `tokens`
     /// tokens of streams of `n` floats (16-byte aligned, which `hc_pre` checks): a decode's
-    /// few tokens, an F16 projection, a mix that fits a warp; `DS4_HC_PRE=0`: never.
-    pub(super) fn hc_pre_takes(&self, norm: ds4_ir::NodeId, tokens: usize, n: usize) -> Result<Option<&'a super::super::hc_pre::HcPreChain>, ExecError> {
+    /// few tokens, an F16 projection, a mix that fits a warp; `DS4_HC_PRE=0`: never. With
+    /// the projection's weight.
+    pub(super) fn hc_pre_takes(&self, norm: ds4_ir::NodeId, tokens: usize, n: usize) -> Result<Option<(&'a super::super::hc_pre::HcPreChain, &'a DeviceTensor)>, ExecError> {
         if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
             return Ok(None);
         }
         let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
-        let fits = n.is_multiple_of(c.nh) && cuda_hc_pre::fits(c.nh, n / c.nh, tokens) && self.weights.tensor(&c.w)?.ty == ds4_ir::GgmlType::F16;
-        Ok(fits.then_some(c))
+        let w = self.weights.tensor(&c.w)?;
+        let fits = n.is_multiple_of(c.nh) && cuda_hc_pre::fits(c.nh, n / c.nh, tokens) && w.ty == ds4_ir::GgmlType::F16;
+        Ok(fits.then_some((c, w)))
     }
 
     /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`,
@@ -177,7 +178,7 @@ impl<'a> GpuExecutor<'a> {
         if self.comb_pending.borrow().as_ref().is_some_and(|p| p.mix == mix.ptr()) {
             self.launch_comb()?;
         }
-        Ok(Some(ExpandTo { node, len: nh * d, r: r.ptr(), mix: mix.ptr(), nh }))
+        Ok(Some(ExpandTo { node, len: nh * d, r: r.ptr(), mix: mix.clone(), nh }))
     }
 
     /// The expand a launch takes (None: none), with its new streams allocated.
@@ -189,13 +190,12 @@ impl<'a> GpuExecutor<'a> {
     /// may be left out of the expand for the next `hc_pre` to add (`cuda_hc_pre`'s
     /// `pending`): where the plan offers it (`shared_later`), the next chain runs as an
     /// `hc_pre` launch, and `DS4_SHARED_LATER` is not 0. What to hold for it if so.
-    pub(super) fn shared_later(&self, add: ds4_ir::NodeId, s: &DevSlice, e: &ExpandTo, vals: &HashMap<usize, GVal>, tokens: usize) -> Result<Option<SharedLater>, ExecError> {
+    pub(super) fn shared_later(&self, add: ds4_ir::NodeId, s: &DevSlice, e: &ExpandTo, tokens: usize) -> Result<Option<SharedLater>, ExecError> {
         let Some(norm) = self.plan.shared_later(add).filter(|_| !switched_off!("DS4_SHARED_LATER")) else { return Ok(None) };
         if self.hc_pre_takes(norm, tokens, e.len)?.is_none() {
             return Ok(None);
         }
-        let Some(GVal::F(mix)) = vals.get(&self.graph.inputs(e.node)[2].index()) else { return Ok(None) };
-        Ok(Some(SharedLater { streams: e.node.index(), y: s.clone(), mix: mix.clone() }))
+        Ok(Some(SharedLater { streams: e.node.index(), y: s.clone(), mix: e.mix.clone() }))
     }
 
     /// A launch's expand arguments (`cuda_hc_expand::params`; `enh` 0 for none).
@@ -204,7 +204,7 @@ impl<'a> GpuExecutor<'a> {
         [
             ("eout", Arg::Ptr(e.map_or(self.dummy.ptr, |(_, out)| out))),
             ("er", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.r))),
-            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.mix))),
+            ("emix", Arg::Ptr(e.map_or(self.dummy.ptr, |(e, _)| e.mix.ptr()))),
             ("enh", Arg::U64(e.map_or(0, |(e, _)| e.nh as u64))),
         ]
     }

@@ -87,13 +87,13 @@ fn fused(made: &mut HashMap<usize, GVal>, ahead: Vec<(usize, GVal)>) -> GVal {
 }
 
 /// A hyper-connection expand that the launch making its y may make too
-/// (`cuda_hc_expand.rs`): its node, the new streams' length (floats), the old streams' and
-/// the mix's addresses, nh. The launch that takes it allocates the new streams.
+/// (`cuda_hc_expand.rs`): its node, the new streams' length (floats), the old streams'
+/// address, the mix, nh. The launch that takes it allocates the new streams.
 struct ExpandTo {
     node: ds4_ir::NodeId,
     len: usize,
     r: u64,
-    mix: u64,
+    mix: DevSlice,
     nh: usize,
 }
 

@@ -100,7 +100,7 @@ impl GpuExecutor<'_> {
         // Or the add's share of the expand left for the next `hc_pre` (`SharedLater`):
         // then the launch adds nothing and waits for no lane.
         let later = match (add, expand.as_ref()) {
-            (Some((add, s)), Some(e)) if cuda_digits::down_expand_fits(e.nh) => self.shared_later(add, s, e, nv.vals, nv.rows(0))?,
+            (Some((add, s)), Some(e)) if cuda_digits::down_expand_fits(e.nh) => self.shared_later(add, s, e, nv.rows(0))?,
             _ => None,
         };
         let addend = add.filter(|_| later.is_none()).map(|(_, s)| s.ptr());
