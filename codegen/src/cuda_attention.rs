@@ -16,8 +16,8 @@
 //! 2. **Stage** the tile's 16 rows, full width (16 × 512 floats = 32 KB), by 16-byte
 //!    `cp.async` copies where `hd` and the pointers allow (plain loads otherwise), into one
 //!    of two buffers: the next tile's rows travel while this tile is computed (one
-//!    barrier a tile for both). A fill with zeros at the start keeps the columns past
-//!    `hd` finite.
+//!    barrier a tile for both). The slots a tile leaves empty (rows past its count,
+//!    columns past `hd`) are written with zeros as it is staged, so they stay finite.
 //! 3. **Logits.** Thread (hq = warp / 2, dl = 32·(warp % 2) + lane) owns heads 4·hq .. +4
 //!    of the group and dimensions 4·dl + 256·j + e (j < 2, e < 4): Q for those 32 (head,
 //!    dim) pairs sits in registers, loaded once. Per 8 rows it forms 4 × 8 partial dot
@@ -203,10 +203,6 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
     }
 
     const bool vec = (hd & 3ull) == 0ull && (((usize)win | (usize)comp) & 15ull) == 0ull;
-    for (unsigned int i = tid; i < 2u * TILE_ROWS * MAX_HD; i += THREADS) {
-        kv_buf[i] = 0.0f;
-    }
-    __syncthreads();
     // Ring of row codes (r ≥ 0: window row r, ~c: compressed row c): [qhead, qtail) are
     // present rows not yet used (the tile being computed first), `next` the first list
     // entry not yet looked at.
@@ -259,8 +255,9 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
         }
         const unsigned int ncount = qtail - nhead < TILE_ROWS ? qtail - nhead : TILE_ROWS;
 
-        // Stage the next tile's rows into the other buffer (columns past hd keep the zeros
-        // of the fill; rows past its count keep earlier rows, whose p will be 0).
+        // Stage the next tile's rows into the other buffer. Its other slots (rows past its
+        // count, columns past hd) get zeros: the products read them with p = 0 and must
+        // not meet a NaN. (Zeroing both buffers up front instead cost ~0.5 µs a launch.)
         {
             float* const dst = kv_buf + (cur ^ (first ? 0u : 1u)) * (TILE_ROWS * MAX_HD);
             if (vec) {
@@ -274,6 +271,8 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
                         const int code = queue[(nhead + k) & (QUEUE - 1u)];
                         const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
                         ds4_cp16(dst + 4u * idx, row + 4u * c, 16u);
+                    } else {
+                        *(float4*)(dst + 4u * idx) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     }
                 }
             } else {
@@ -284,6 +283,8 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
                         const int code = queue[(nhead + k) & (QUEUE - 1u)];
                         const float* row = code >= 0 ? win + (usize)code * hd : comp + (usize)(~code) * hd;
                         dst[idx] = row[c];
+                    } else {
+                        dst[idx] = 0.0f;
                     }
                 }
             }

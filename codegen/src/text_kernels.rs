@@ -94,6 +94,15 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
             source: cuda_attention_merge::rope_source,
         },
+        TextKernel {
+            name: cuda_attention_merge::ROPE_EARLY_NAME,
+            params: TextParams::Own(cuda_attention_merge::rope_params()),
+            threads: cuda_attention_merge::THREADS,
+            dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"chunks\": \"{:?}\", \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::EARLY_CHUNKS, cuda_attention_merge::ROPE_MAX_HD),
+            manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+            source: cuda_attention_merge::rope_early_source,
+        },
         unshared(cuda_hc_mix::NAME, TextParams::Contract(cuda_hc_mix::contract()), cuda_hc_mix::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH), cuda_hc_mix::source),
         TextKernel {
             name: cuda_top_k::NAME,

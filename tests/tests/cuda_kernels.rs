@@ -916,7 +916,8 @@ fn argmax_rows_picks_what_argmax_picks() {
 
 /// `attention_merge_warp` against the f64 `attention_merge` whose contract it shares, and
 /// bit for bit against the generated `attention_merge` (the same f32 operations in the same
-/// order): 1 to 64 chunks, some that saw no row (max -inf), heads up to 512 wide.
+/// order): 1 to 64 chunks, some that saw no row (max -inf), heads up to 600 wide (wider
+/// than the block: dimensions past the first on the strided loop).
 #[test]
 fn attention_merge_warp_matches_attention_merge() {
     let Some(dev) = device() else { return };
@@ -924,7 +925,7 @@ fn attention_merge_warp_matches_attention_merge() {
     let (warp, generic) = (ks.get(cuda_attention_merge::NAME).unwrap(), ks.get("attention_merge").unwrap());
     let k = cuda_attention_merge::contract();
     let mut r = Rng(seed());
-    for (items, hd, nc) in [(1, 4, 1), (3, 17, 5), (64, 512, 32), (2, 512, cuda_attention_merge::MAX_CHUNKS)] {
+    for (items, hd, nc) in [(1, 4, 1), (3, 17, 5), (2, 40, 8), (5, 512, 9), (3, 17, 12), (2, 600, 16), (4, 40, 17), (2, 600, 31), (64, 512, 32), (3, 64, 33), (2, 512, cuda_attention_merge::MAX_CHUNKS)] {
         assert!(cuda_attention_merge::fits(nc));
         // Chunk 0 always saw the sink (a finite max); later chunks may have seen nothing.
         let part: Vec<f64> = (0..items * nc * (hd + 2)).map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && i % 3 == 0 { f64::NEG_INFINITY } else { r.uniform(0.0, 2.0) as f32 as f64 }).collect();
@@ -938,16 +939,20 @@ fn attention_merge_warp_matches_attention_merge() {
 
 /// `attention_merge_rope` (the merge and the inverse RoPE of the attention's output in one
 /// launch) bit for bit against `attention_merge_warp` then the generated `rope` on its
-/// output: heads of 4 to 512 with 2 to all of them rotated, 1 to 64 chunks (some that saw
-/// no row), tokens at positions up to 10^5.
+/// output: heads of 4 to 600 with 2 to all of them rotated, 1 to 64 chunks (some that saw
+/// no row), tokens at positions up to 10^5. `attention_merge_rope_early` (the chunks'
+/// values loaded before the factors: register arrays of 16 and 32 for 9-16 and 17-32
+/// chunks) the same, at and inside its arrays' bounds and outside its range.
 #[test]
 fn attention_merge_rope_matches_merge_then_rope() {
     let Some(dev) = device() else { return };
     let ks = everything(&dev);
-    let (fused, merge, rope) = (ks.get(cuda_attention_merge::ROPE_NAME).unwrap(), ks.get(cuda_attention_merge::NAME).unwrap(), ks.get("rope").unwrap());
+    let (merge, rope) = (ks.get(cuda_attention_merge::NAME).unwrap(), ks.get("rope").unwrap());
+    let fused_kernels = [cuda_attention_merge::ROPE_NAME, cuda_attention_merge::ROPE_EARLY_NAME].map(|n| (n, ks.get(n).unwrap()));
     let mut r = Rng(seed());
     let u = |v: usize| Arg::U64(v as u64);
-    for (tokens, heads, hd, n_rot, nc) in [(1, 1, 4, 2, 1), (2, 3, 18, 8, 5), (1, 64, 512, 64, 32), (3, 4, 512, 512, cuda_attention_merge::MAX_CHUNKS)] {
+    let cases = [(1, 1, 4, 2, 1), (2, 3, 18, 8, 5), (2, 2, 40, 8, 8), (1, 64, 512, 64, 9), (2, 3, 600, 64, 12), (1, 5, 512, 64, 16), (2, 3, 40, 40, 17), (1, 3, 600, 64, 31), (1, 64, 512, 64, 32), (1, 2, 64, 64, 33), (3, 4, 512, 512, cuda_attention_merge::MAX_CHUNKS)];
+    for ((tokens, heads, hd, n_rot, nc), (name, fused)) in cases.into_iter().flat_map(|c| fused_kernels.map(|f| (c, f))) {
         let items = tokens * heads;
         let part: Vec<f32> = (0..items * nc * (hd + 2)).map(|i| if i % (hd + 2) == hd && (i / (hd + 2)) % nc != 0 && i % 3 == 0 { f32::NEG_INFINITY } else { r.uniform(0.0, 2.0) as f32 }).collect();
         let freq: Vec<f32> = f32s(&mut r, n_rot / 2, 1e-4, 1.0);
@@ -964,8 +969,8 @@ fn attention_merge_rope_matches_merge_then_rope() {
         launch(&dev, &fused.func, (items as u32, 1, 1), (cuda_attention_merge::THREADS, 1, 1), cuda_attention_merge::rope_shared_bytes(hd), &args).unwrap();
         let (got, want): (Vec<f32>, Vec<f32>) = (got.read(items * hd).unwrap(), want.read(items * hd).unwrap());
         let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        println!("attention_merge_rope: {tokens} tokens × {heads} heads of {hd} ({n_rot} rotated), {nc} chunks: {differ} of {} values differ", got.len());
-        assert_eq!(differ, 0, "attention_merge_rope differs from the merge then the RoPE ({tokens} × {heads} × {hd}, n_rot {n_rot}, {nc} chunks)");
+        println!("{name}: {tokens} tokens × {heads} heads of {hd} ({n_rot} rotated), {nc} chunks: {differ} of {} values differ", got.len());
+        assert_eq!(differ, 0, "{name} differs from the merge then the RoPE ({tokens} × {heads} × {hd}, n_rot {n_rot}, {nc} chunks)");
     }
 }
 
