@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds scripts/lab/attention_lab.cu with variants of the generated
+# attention (from `ds4 gen` output in $GEN) and runs it; NCU=1 adds Nsight Compute's view
+# of the CSA-shaped launch.
+set -eu
+GEN=${GEN:-device-carry/lab}
+W=$(mktemp -d)
+cp "$GEN"/attention_tiled.cu "$GEN"/attention_merge_rope.cu "$W"/
+variant() {  # name, sed program
+    { echo "namespace $1 {"; sed -e "s/attention_tiled(/attention_tiled_$1(/" -e "$2" "$W/attention_tiled.cu"; echo "}"; } >> "$W/variants.cu"
+    LIST="$LIST {\"$1\", $1::attention_tiled_$1, attention_merge_rope},"
+}
+LIST=""
+: > "$W/variants.cu"
+NOFILL='/for (unsigned int i = tid; i < 2u \* TILE_ROWS \* MAX_HD; i += THREADS) {/,/^    }/d'
+FEXP='s/(float)exp((double)s - (double)m_new)/expf(s - m_new)/'
+variant nofill "$NOFILL"
+variant fexp "$FEXP"
+# $NEW: other generations' attention and merge (folders, e.g. this tree's `ds4 gen`
+# output, against $GEN's), each paired as it is and its merge after $GEN's attention.
+i=0
+for dir in ${NEW:-}; do
+    i=$((i + 1))
+    for f in attention_tiled attention_merge_rope; do
+        { echo "namespace fresh$i {"; sed -e "s/$f(/${f}_new$i(/" "$dir/$f.cu"; echo "}"; } >> "$W/variants.cu"
+    done
+    LIST="$LIST {\"$(basename "$dir")\", fresh$i::attention_tiled_new$i, fresh$i::attention_merge_rope_new$i}, {\"old att, $(basename "$dir") merge\", attention_tiled, fresh$i::attention_merge_rope_new$i},"
+done
+echo "#define VARIANT_LIST ks.insert(ks.end(), {$LIST});" >> "$W/variants.cu"
+nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -DVARIANTS -I"$W" scripts/lab/attention_lab.cu -o "$W/lab" 2> "$W/ptxas.txt" || { cat "$W/ptxas.txt"; exit 1; }
+grep -E "Compiling|registers|spill" "$W/ptxas.txt" | paste - - - | sed 's/ptxas info    ://g' | cut -c1-200
+"$W/lab"
+if [ "${NCU:-0}" = 1 ]; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    "$NCU" --clock-control none -k "regex:^attention_tiled\$" -s 2 -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats "$W/lab" 2>&1 | grep -vE "^\s*$|----" | tail -80
+fi
