@@ -54,6 +54,12 @@ use ds4_ir::kir::Kernel;
 
 /// The kernel's entry point.
 pub const NAME: &str = "attention_tiled";
+/// The same kernel at one block an SM (`__launch_bounds__(256, 1)`: 188 registers, no
+/// spills, where two blocks an SM cap them at 128 and spill 136 bytes), for launches of at
+/// most one block an SM (a decode's): H200, a CSA layer's decode attention 10.9 → 10.2
+/// µs, an HCA layer's 7.6 → 7.2 (`scripts/lab/attention_lab.sh`); with more blocks than
+/// SMs it is slower (40 chunks: 11.5 → 13.6).
+pub const ONE_NAME: &str = "attention_tiled_one";
 /// Query heads per block.
 pub const TILE_HEADS: usize = 16;
 /// Key rows per tile.
@@ -91,6 +97,20 @@ pub fn blocks(tokens: usize, heads: usize, nc: usize) -> usize {
 
 /// The kernel's CUDA source for a CUDA target (`None` for the others).
 pub fn source(target: Target) -> Option<String> {
+    tiled_source(target, NAME, 2)
+}
+
+/// [`ONE_NAME`]'s CUDA source (`None` off CUDA).
+pub fn one_source(target: Target) -> Option<String> {
+    tiled_source(target, ONE_NAME, 1)
+}
+
+/// Whether a launch of `blocks` blocks takes [`ONE_NAME`] on a device of `sms` SMs.
+pub fn one_a_sm(blocks: usize, sms: usize) -> bool {
+    blocks <= sms
+}
+
+fn tiled_source(target: Target, name: &str, blocks_per_sm: u32) -> Option<String> {
     let mut s = String::new();
     for (name, v) in [
         ("TILE_HEADS", TILE_HEADS),
@@ -106,7 +126,7 @@ pub fn source(target: Target) -> Option<String> {
     }
     s.push_str(crate::cuda::CP_ASYNC);
     s.push_str(HELPERS);
-    crate::cuda::text_kernel(target, NAME, "codegen/src/cuda_attention.rs", &s, &format!("{THREADS}, 2"), &contract(), BODY)
+    crate::cuda::text_kernel(target, name, "codegen/src/cuda_attention.rs", &s, &format!("{THREADS}, {blocks_per_sm}"), &contract(), BODY)
 }
 
 const HELPERS: &str = r#"
@@ -258,7 +278,8 @@ const BODY: &str = r#"    extern __shared__ __align__(16) float kv_buf[];
         // Stage the next tile's rows into the other buffer. Its other slots (rows past its
         // count, columns past hd) get zeros: the products read them with p = 0 and must
         // not meet a NaN. (Zeroing both buffers up front instead cost ~0.5 µs a launch.)
-        {
+        // No next tile (the loop ends after this one): nothing to stage.
+        if (ncount > 0u) {
             float* const dst = kv_buf + (cur ^ (first ? 0u : 1u)) * (TILE_ROWS * MAX_HD);
             if (vec) {
                 constexpr unsigned int PER_THREAD = TILE_ROWS * MAX_HD / 4 / THREADS;

@@ -68,7 +68,7 @@ pub fn cuda_kernels(op: &Op) -> &'static [&'static str] {
     match op {
         // attention_partial's chunks with 16 heads per block (heads up to MAX_HD dims); the
         // merge by a warp's chunk maxima, and with the inverse RoPE after it.
-        Op::Attention { .. } => &[cuda_attention::NAME, cuda_attention_merge::NAME, cuda_attention_merge::ROPE_NAME, cuda_attention_merge::ROPE_EARLY_NAME],
+        Op::Attention { .. } => &[cuda_attention::NAME, cuda_attention::ONE_NAME, cuda_attention_merge::NAME, cuda_attention_merge::ROPE_NAME, cuda_attention_merge::ROPE_EARLY_NAME],
         // hc_mix's Sinkhorn in one warp (nh² ≤ 32); a decode token's whole pre chain (norm,
         // projection, mix, collapse) in one launch.
         Op::HcMix { .. } => &[cuda_hc_mix::NAME, cuda_hc_pre::NAME, cuda_hc_pre::HC_COMB],

@@ -84,6 +84,20 @@ pub fn all() -> Vec<TextKernel> {
             manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
             source: cuda_attention::source,
         },
+        TextKernel {
+            name: cuda_attention::ONE_NAME,
+            params: TextParams::Contract(cuda_attention::contract()),
+            threads: cuda_attention::THREADS,
+            dyn_shared: cuda_attention::DYN_SHARED_BYTES,
+            launch: format!(
+                "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}, \"blocks\": \"≤ SMs\"",
+                cuda_attention::TILE_HEADS,
+                cuda_attention::THREADS,
+                cuda_attention::MAX_HD
+            ),
+            manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
+            source: cuda_attention::one_source,
+        },
         unshared(cuda_attention_merge::NAME, TextParams::Contract(cuda_attention_merge::contract()), cuda_attention_merge::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS), cuda_attention_merge::source),
         TextKernel {
             name: cuda_attention_merge::ROPE_NAME,

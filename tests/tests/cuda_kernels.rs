@@ -133,27 +133,37 @@ fn every_op_kernel_matches_its_f64_reference() {
 /// `attention_tiled` (16 heads per block) against the f64 `attention_partial` whose
 /// contract it shares: random cases (head counts not multiples of 16, widths from 1 to
 /// 512, lists long enough for several tiles and ring refills, every comp mode, -1 picks,
-/// several chunks), then the full-size shape.
+/// several chunks), then the full-size shape. Both forms: `attention_tiled` and
+/// `attention_tiled_one` (one block an SM), each case on the same arguments; the two
+/// compute the same floats in the same order, so they must agree bit for bit too.
 #[test]
 fn attention_tiled_matches_the_attention_partial_reference() {
     let Some(dev) = device() else { return };
-    let set = KernelSet { cuda: [(cuda_attention::NAME, Default::default())].into(), ..Default::default() };
+    let set = KernelSet { cuda: [(cuda_attention::NAME, Default::default()), (cuda_attention::ONE_NAME, Default::default())].into(), ..Default::default() };
     let ks = Kernels::compile(&dev, &set).expect("attention_tiled compiles with NVRTC");
-    let tiled = ks.get(cuda_attention::NAME).unwrap();
+    let forms = [cuda_attention::NAME, cuda_attention::ONE_NAME].map(|n| ks.get(n).unwrap());
     let k = ds4_ir::kernels::attention::attention_partial_kir();
     let seed = seed();
     let mut r = Rng(seed);
-    let f = &tiled.func;
-    let (regs, local, shared) = (f.num_regs().unwrap(), f.local_size_bytes().unwrap(), f.shared_size_bytes().unwrap());
-    let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(tiled.threads, 0, None).unwrap();
-    println!("attention_tiled on {} (seed {seed}): {regs} registers, {local} bytes of local memory (spills), {shared} bytes shared, {per_sm} blocks per SM", dev.name);
+    for (name, tiled) in [cuda_attention::NAME, cuda_attention::ONE_NAME].iter().zip(&forms) {
+        let f = &tiled.func;
+        let (regs, local, shared) = (f.num_regs().unwrap(), f.local_size_bytes().unwrap(), f.shared_size_bytes().unwrap());
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(tiled.threads, 0, None).unwrap();
+        println!("{name} on {} (seed {seed}): {regs} registers, {local} bytes of local memory (spills), {shared} bytes shared, {per_sm} blocks per SM", dev.name);
+    }
     let mut failures = Vec::new();
     let mut check = |label: String, s: &AttnShape, r: &mut Rng| {
         let (items, args) = attention_args(r, s);
-        let (n, bad, worst) = run_case_on(&dev, tiled, cuda_attention::blocks(s.t, s.heads, s.nc), &k, items, &args);
-        println!("{label:<44} {n:>9} values {bad:>5} mismatches, worst rel {worst:.2e}{}", if bad > 0 { "  FAIL" } else { "" });
-        if bad > 0 {
-            failures.push(label);
+        let blocks = cuda_attention::blocks(s.t, s.heads, s.nc);
+        for (name, tiled) in [cuda_attention::NAME, cuda_attention::ONE_NAME].iter().zip(&forms) {
+            let (n, bad, worst) = run_case_on(&dev, tiled, blocks, &k, items, &args);
+            println!("{name:<20} {label:<44} {n:>9} values {bad:>5} mismatches, worst rel {worst:.2e}{}", if bad > 0 { "  FAIL" } else { "" });
+            if bad > 0 {
+                failures.push(format!("{name}: {label}"));
+            }
+        }
+        if !same_bits(&dev, [forms[0], forms[1]], &k, blocks, items * kir_eval::out_len(&k, &kargs_of(&args)), &args) {
+            failures.push(format!("the two forms differ: {label}"));
         }
     };
     for _ in 0..40 {
@@ -173,7 +183,7 @@ fn attention_tiled_matches_the_attention_partial_reference() {
 
 /// Two kernels of contract `k` (a CUDA-text kernel and the generated one it stands for),
 /// each in its own block size, on the same arguments over `items` items: whether their
-/// `len` output floats are equal bit for bit.
+/// `len` output floats are equal bit for bit (each with its dynamic shared memory).
 fn same_bits(dev: &Arc<Device>, kernels: [&Loaded; 2], k: &Kernel, items: usize, len: usize, args: &[A]) -> bool {
     let (ins, _bufs) = device_args(dev, k, args);
     let outs: Vec<Vec<f32>> = kernels
@@ -182,7 +192,7 @@ fn same_bits(dev: &Arc<Device>, kernels: [&Loaded; 2], k: &Kernel, items: usize,
             let out = dev.alloc(len * 4).unwrap();
             let mut all = vec![Arg::Ptr(out.ptr)];
             all.extend(ins.iter().copied());
-            launch(dev, &gpu.func, (items as u32, 1, 1), (gpu.threads, 1, 1), 0, &all).unwrap();
+            launch(dev, &gpu.func, (items as u32, 1, 1), (gpu.threads, 1, 1), gpu.dyn_shared, &all).unwrap();
             out.read::<f32>(len).unwrap()
         })
         .collect();

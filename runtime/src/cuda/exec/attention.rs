@@ -110,7 +110,13 @@ impl GpuExecutor<'_> {
         let part = if tiled {
             let part = self.dev.alloc(items * nc * (hd + 2) * 4)?;
             pnamed.push(("out", Arg::Ptr(part.ptr)));
-            self.call(cuda_attention::NAME, (cuda_attention::blocks(tokens, heads, nc) as u32, 1), &pnamed)?;
+            // At most one block an SM (a decode): the form with registers for one block.
+            let grid = cuda_attention::blocks(tokens, heads, nc);
+            let name = match cuda_attention::one_a_sm(grid, self.dev.sms) && self.kernels.by_name.contains_key(cuda_attention::ONE_NAME) {
+                true => cuda_attention::ONE_NAME,
+                false => cuda_attention::NAME,
+            };
+            self.call(name, (grid as u32, 1), &pnamed)?;
             DevSlice::whole(part, items * nc * (hd + 2))
         } else {
             let GVal::F(part) = self.op("attention_partial", items * nc * (hd + 2), hd + 2, &pnamed)? else { unreachable!() };
