@@ -12,10 +12,11 @@ variant() {  # name, sed program
 }
 LIST=""
 : > "$W/variants.cu"
-NOFILL='/for (unsigned int i = tid; i < 2u \* TILE_ROWS \* MAX_HD; i += THREADS) {/,/^    }/d'
-FEXP='s/(float)exp((double)s - (double)m_new)/expf(s - m_new)/'
-variant nofill "$NOFILL"
-variant fexp "$FEXP"
+# VARIANTS: lines "name sed-program" (split at the first space), each applied to $GEN's
+# attention. E.g. the thirtieth stop's: fexp s/(float)exp((double)s - (double)m_new)/expf(s - m_new)/
+while IFS= read -r line; do
+    [ -n "$line" ] && variant "${line%% *}" "${line#* }"
+done <<< "${VARIANTS:-}"
 # $NEW: other generations' attention and merge (folders, e.g. this tree's `ds4 gen`
 # output, against $GEN's), each paired as it is and its merge after $GEN's attention.
 i=0
