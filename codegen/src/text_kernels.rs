@@ -67,56 +67,46 @@ fn dense_kernel(form: &cuda_matvec_dense::Dense, source: fn(Target) -> Option<St
     }
 }
 
+/// A form of `attention_tiled` (`extra`: more of its launch description).
+fn attention_form(name: &'static str, extra: &str, source: fn(Target) -> Option<String>) -> TextKernel {
+    TextKernel {
+        name,
+        params: TextParams::Contract(cuda_attention::contract()),
+        threads: cuda_attention::THREADS,
+        dyn_shared: cuda_attention::DYN_SHARED_BYTES,
+        launch: format!(
+            "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}{extra}",
+            cuda_attention::TILE_HEADS,
+            cuda_attention::THREADS,
+            cuda_attention::MAX_HD
+        ),
+        manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
+        source,
+    }
+}
+
+/// A form of `attention_merge_rope` (`chunks`: the chunk counts it takes, for its launch
+/// description).
+fn merge_rope_form(name: &'static str, chunks: String, source: fn(Target) -> Option<String>) -> TextKernel {
+    TextKernel {
+        name,
+        params: TextParams::Own(cuda_attention_merge::rope_params()),
+        threads: cuda_attention_merge::THREADS,
+        dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+        launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], {chunks}, \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::ROPE_MAX_HD),
+        manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
+        source,
+    }
+}
+
 /// Every CUDA-text kernel, in the manifest's order.
 pub fn all() -> Vec<TextKernel> {
     vec![
-        TextKernel {
-            name: cuda_attention::NAME,
-            params: TextParams::Contract(cuda_attention::contract()),
-            threads: cuda_attention::THREADS,
-            dyn_shared: cuda_attention::DYN_SHARED_BYTES,
-            launch: format!(
-                "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}",
-                cuda_attention::TILE_HEADS,
-                cuda_attention::THREADS,
-                cuda_attention::MAX_HD
-            ),
-            manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
-            source: cuda_attention::source,
-        },
-        TextKernel {
-            name: cuda_attention::ONE_NAME,
-            params: TextParams::Contract(cuda_attention::contract()),
-            threads: cuda_attention::THREADS,
-            dyn_shared: cuda_attention::DYN_SHARED_BYTES,
-            launch: format!(
-                "\"grid\": \"[tokens · ceil(heads / {}) · nc, 1, 1]\", \"block\": [{}, 1, 1], \"max_hd\": {}, \"blocks\": \"≤ SMs\"",
-                cuda_attention::TILE_HEADS,
-                cuda_attention::THREADS,
-                cuda_attention::MAX_HD
-            ),
-            manifest_shared: cuda_attention::SHARED_BYTES + cuda_attention::DYN_SHARED_BYTES,
-            source: cuda_attention::one_source,
-        },
+        attention_form(cuda_attention::NAME, "", cuda_attention::source),
+        attention_form(cuda_attention::ONE_NAME, ", \"blocks\": \"≤ SMs\"", cuda_attention::one_source),
         unshared(cuda_attention_merge::NAME, TextParams::Contract(cuda_attention_merge::contract()), cuda_attention_merge::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS), cuda_attention_merge::source),
-        TextKernel {
-            name: cuda_attention_merge::ROPE_NAME,
-            params: TextParams::Own(cuda_attention_merge::rope_params()),
-            threads: cuda_attention_merge::THREADS,
-            dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
-            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_chunks\": {}, \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::MAX_CHUNKS, cuda_attention_merge::ROPE_MAX_HD),
-            manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
-            source: cuda_attention_merge::rope_source,
-        },
-        TextKernel {
-            name: cuda_attention_merge::ROPE_EARLY_NAME,
-            params: TextParams::Own(cuda_attention_merge::rope_params()),
-            threads: cuda_attention_merge::THREADS,
-            dyn_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
-            launch: format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"chunks\": \"{:?}\", \"max_hd\": {}", cuda_attention_merge::THREADS, cuda_attention_merge::EARLY_CHUNKS, cuda_attention_merge::ROPE_MAX_HD),
-            manifest_shared: cuda_attention_merge::rope_shared_bytes(cuda_attention_merge::ROPE_MAX_HD),
-            source: cuda_attention_merge::rope_early_source,
-        },
+        merge_rope_form(cuda_attention_merge::ROPE_NAME, format!("\"max_chunks\": {}", cuda_attention_merge::MAX_CHUNKS), cuda_attention_merge::rope_source),
+        merge_rope_form(cuda_attention_merge::ROPE_EARLY_NAME, format!("\"chunks\": \"{:?}\"", cuda_attention_merge::EARLY_CHUNKS), cuda_attention_merge::rope_early_source),
         unshared(cuda_hc_mix::NAME, TextParams::Contract(cuda_hc_mix::contract()), cuda_hc_mix::THREADS, format!("\"grid\": \"[items, 1, 1]\", \"block\": [{}, 1, 1], \"max_nh\": {}", cuda_hc_mix::THREADS, cuda_hc_mix::MAX_NH), cuda_hc_mix::source),
         TextKernel {
             name: cuda_top_k::NAME,
