@@ -2,12 +2,7 @@
 // `attention_tiled` (and variants made from its text by scripts/lab/attention_lab.sh) and
 // `attention_merge_rope` at DeepSeek-V4-Flash's decode shapes, timed as graphs of
 // back-to-back launches.
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
-#include <functional>
-#include <cuda_runtime.h>
+#include "lab.h"
 
 #include "attention_tiled.cu"
 #include "attention_merge_rope.cu"
@@ -15,34 +10,8 @@
 #include "variants.cu"
 #endif
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
-
 typedef void (*AttFn)(float*, const float*, const float*, const float*, const int*, const float*, usize, usize, usize, usize, usize, usize, usize, usize, usize, usize, float, usize);
 typedef void (*MergeFn)(float*, const float*, const float*, usize, usize, usize, usize, usize, usize, float);
-
-static float time_graph(std::function<void(cudaStream_t)> go, cudaStream_t st, int calls) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < calls; i++) go(st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int rep = 0; rep < 9; rep++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms * 1000.0f / calls);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-}
 
 int main() {
     const usize heads = 64, hd = 512, window = 128, n_rot = 64;
@@ -114,9 +83,9 @@ int main() {
             float diff = 0;
             if (ref.empty()) ref = o;
             for (size_t i = 0; i < o.size(); i++) diff = std::max(diff, std::fabs(o[i] - ref[i]));
-            const float ta = time_graph(att, st, 64);
-            const float tm = time_graph(merge, st, 64);
-            const float tb = time_graph([&](cudaStream_t t) { att(t); merge(t); }, st, 32);
+            const float ta = time_graph([&](cudaStream_t t, int) { att(t); }, st, 64);
+            const float tm = time_graph([&](cudaStream_t t, int) { merge(t); }, st, 64);
+            const float tb = time_graph([&](cudaStream_t t, int) { att(t); merge(t); }, st, 32);
             printf("%-26s %-28s %8.2f %8.2f %8.2f  max|diff| %.1e\n", c.what, k.name, ta, tm, tb, diff);
         }
     }

@@ -10,19 +10,13 @@
 //
 // nvcc -O3 -arch=sm_90 --fmad=false -I device-carry/lab scripts/lab/dense_q8_lab.cu
 // (device-carry/lab holds `ds4 gen --target cuda-sm90`'s matvec_dense_q8_0_r.cu.)
-#include <cstdio>
-#include <cstdlib>
+#include "lab.h"
 #include <cstdint>
 #include <cstring>
-#include <vector>
 #include <cmath>
-#include <algorithm>
-#include <functional>
 #include <cuda_fp16.h>
 
 #include "matvec_dense_q8_0_r.cu"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 // ---- plain read: sum of 16-byte words (the floor for a launch of this size)
 __global__ void __launch_bounds__(256) plain_read(float* out, const uint4* w, size_t n16) {
@@ -52,66 +46,9 @@ __device__ __forceinline__ float q8_dot16(const uint4 q, const float* xv, const 
     return a * d;
 }
 
-// T threads a block, R rows a block, K values a row (K = 16·T·C: C chunks of 16 a thread).
-// Rows [R·blockIdx.x, +R); group of the rows: row / ng; x of group g at g·K.
-template <int T, int R, int K>
-__global__ void __launch_bounds__(T) mv_r256(float* __restrict__ out, const unsigned char* __restrict__ w, const float* __restrict__ x, const int n, const int ng) {
-    constexpr int C = K / (16 * T);
-    constexpr unsigned int RB = K / 256 * 272;
-    const unsigned int row0 = blockIdx.x * R;
-    const float* xg = x + (size_t)(row0 / ng) * K;
-    uint4 q[R][C];
-    unsigned short sc[R][C];
-    // Weights first: they do not depend on x.
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const unsigned char* wr = w + (size_t)(row0 + r) * RB;
-#pragma unroll
-        for (int c = 0; c < C; c++) {
-            const unsigned int ch = c * T + threadIdx.x;  // chunk of 16 values
-            const unsigned int blk = ch >> 4, j = ch & 15u;
-            q[r][c] = __ldg((const uint4*)(wr + blk * 272u + 16u + j * 16u));
-            sc[r][c] = __ldg((const unsigned short*)(wr + blk * 272u + (j >> 1) * 2u));
-        }
-    }
-    float xv[C][16];
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        const unsigned int ch = c * T + threadIdx.x;
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const float4 v = *(const float4*)(xg + ch * 16u + 4u * u);
-            xv[c][4 * u] = v.x; xv[c][4 * u + 1] = v.y; xv[c][4 * u + 2] = v.z; xv[c][4 * u + 3] = v.w;
-        }
-    }
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float a = 0.0f;
-#pragma unroll
-        for (int c = 0; c < C; c++) a += q8_dot16(q[r][c], xv[c], __half2float(__ushort_as_half(sc[r][c])));
-        acc[r] = a;
-    }
-    __shared__ float red[T / 32][R];
-    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < R) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < T / 32; i++) s += red[i][threadIdx.x];
-        out[row0 + threadIdx.x] = s;
-    }
-}
-
-// The same, R rows a pass, P passes a block (rows R·P·blockIdx.x + R·p ...), the next
-// pass's weights loaded before this pass's arithmetic.
+// T threads a block, R rows a pass, P passes a block (rows R·P·blockIdx.x + R·p ...), K
+// values a row (K = 16·T·C: C chunks of 16 a thread); the next pass's weights loaded
+// before this pass's arithmetic. The group of a row is row / ng; x of group g at g·K.
 template <int T, int R, int P, int K>
 __global__ void __launch_bounds__(T) mv_r256_pipe(float* __restrict__ out, const unsigned char* __restrict__ w, const float* __restrict__ x, const int n, const int ng) {
     constexpr int C = K / (16 * T);
@@ -258,8 +195,7 @@ int main(int argc, char** argv) {
         vs.push_back({"plain read", 2, [&](int c, cudaStream_t t) {
             plain_read<<<prop.multiProcessorCount * 8, 256, 0, t>>>(ob, (const uint4*)(wa + c * bytes), bytes / 16);
         }});
-#define R256(T_, R_, K_) if (s.k == K_) vs.push_back({"r256 T" #T_ " R" #R_, 1, [&](int c, cudaStream_t t) { \
-            mv_r256<T_, R_, K_><<<s.n / R_, T_, 0, t>>>(ob, wb + c * rb * s.n, x, s.n, ng); }});
+#define R256(T_, R_, K_) PIPE(T_, R_, 1, K_)
 #define PIPE(T_, R_, P_, K_) if (s.k == K_) vs.push_back({"r256 T" #T_ " R" #R_ " P" #P_, 1, [&](int c, cudaStream_t t) { \
             mv_r256_pipe<T_, R_, P_, K_><<<s.n / (R_ * P_), T_, 0, t>>>(ob, wb + c * rb * s.n, x, s.n, ng); }});
         R256(512, 4, 8192) R256(512, 8, 8192) R256(256, 4, 8192) R256(256, 8, 8192)
@@ -277,31 +213,8 @@ int main(int argc, char** argv) {
                 CK(cudaMemcpy(got.data(), v.layout == 0 ? oa : ob, s.n * 4, cudaMemcpyDeviceToHost));
                 for (int r = 0; r < s.n; r++) worst = std::max(worst, std::fabs(got[r] - ref[r]) / (1e-3 + std::fabs(ref[r])));
             }
-            const int calls = copies * 4;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < calls; i++) v.go(i % copies, st);
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0));
-            CK(cudaEventCreate(&e1));
-            std::vector<float> ts;
-            for (int rep = 0; rep < 7; rep++) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ge, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                ts.push_back(ms * 1000.0f / calls);
-            }
-            std::sort(ts.begin(), ts.end());
-            const float us = ts[ts.size() / 2];
+            const float us = time_graph([&](cudaStream_t t, int i) { v.go(i % copies, t); }, st, copies * 4);
             printf("%-28s %-26s %9.2f %9.0f  rel.err %.1e\n", s.what, v.name, us, bytes / (us * 1e3), worst);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
         }
     }
     return 0;
