@@ -54,11 +54,12 @@ use ds4_ir::kir::Kernel;
 
 /// The kernel's entry point.
 pub const NAME: &str = "attention_tiled";
-/// The same kernel at one block an SM (`__launch_bounds__(256, 1)`: 188 registers, no
-/// spills, where two blocks an SM cap them at 128 and spill 136 bytes), for launches of at
-/// most one block an SM (a decode's): H200, a CSA layer's decode attention 10.9 → 10.2
-/// µs, an HCA layer's 7.6 → 7.2 (`scripts/lab/attention_lab.sh`); with more blocks than
-/// SMs it is slower (40 chunks: 11.5 → 13.6).
+/// The same kernel at one block an SM (`__launch_bounds__(256, 1)`: 192 registers and no
+/// spills from NVRTC on the H200, where two blocks an SM cap them at 128 and spill 40
+/// bytes; nvcc: 188, and 136 bytes), for launches of at most one block an SM (a
+/// decode's): H200, a CSA layer's decode attention 10.9 → 10.2 µs, an HCA layer's 7.6 →
+/// 7.2 (`scripts/lab/attention_lab.sh`); with more blocks than SMs it is slower (40
+/// chunks: 11.5 → 13.6).
 pub const ONE_NAME: &str = "attention_tiled_one";
 /// Query heads per block.
 pub const TILE_HEADS: usize = 16;
