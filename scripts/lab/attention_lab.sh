@@ -5,18 +5,12 @@
 set -eu
 GEN=${GEN:-device-carry/lab}
 W=$(mktemp -d)
+. "$(dirname "$0")/lab.sh"
 cp "$GEN"/attention_tiled.cu "$GEN"/attention_merge_rope.cu "$W"/
-variant() {  # name, sed program
-    { echo "namespace $1 {"; sed -e "s/attention_tiled(/attention_tiled_$1(/" -e "$2" "$W/attention_tiled.cu"; echo "}"; } >> "$W/variants.cu"
-    LIST="$LIST {\"$1\", $1::attention_tiled_$1, attention_merge_rope},"
-}
-LIST=""
 : > "$W/variants.cu"
 # VARIANTS: lines "name sed-program" (split at the first space), each applied to $GEN's
 # attention. E.g. the thirtieth stop's: fexp s/(float)exp((double)s - (double)m_new)/expf(s - m_new)/
-while IFS= read -r line; do
-    [ -n "$line" ] && variant "${line%% *}" "${line#* }"
-done <<< "${VARIANTS:-}"
+LIST=$(lab_variants attention_tiled att_ "" "${VARIANTS:-}" ", attention_merge_rope")
 # $NEW: other generations' attention and merge (folders, e.g. this tree's `ds4 gen`
 # output, against $GEN's), each paired as it is and its merge after $GEN's attention.
 i=0
@@ -28,8 +22,7 @@ for dir in ${NEW:-}; do
     LIST="$LIST {\"$(basename "$dir")\", fresh$i::attention_tiled_new$i, fresh$i::attention_merge_rope_new$i}, {\"old att, $(basename "$dir") merge\", attention_tiled, fresh$i::attention_merge_rope_new$i},"
 done
 echo "#define VARIANT_LIST ks.insert(ks.end(), {$LIST});" >> "$W/variants.cu"
-nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -DVARIANTS -I"$W" scripts/lab/attention_lab.cu -o "$W/lab" 2> "$W/ptxas.txt" || { cat "$W/ptxas.txt"; exit 1; }
-grep -E "Compiling|registers|spill" "$W/ptxas.txt" | paste - - - | sed 's/ptxas info    ://g' | cut -c1-200
+lab_build scripts/lab/attention_lab.cu
 "$W/lab"
 if [ "${NCU:-0}" = 1 ]; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

@@ -18,19 +18,6 @@
 
 #include "matvec_dense_q8_0_r.cu"
 
-// ---- plain read: sum of 16-byte words (the floor for a launch of this size)
-__global__ void __launch_bounds__(256) plain_read(float* out, const uint4* w, size_t n16) {
-    uint32_t s = 0;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-#pragma unroll 4
-    for (; i < n16; i += step) {
-        const uint4 v = __ldg(w + i);
-        s += v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (s == 0x12345678u) out[0] = (float)s;
-}
-
 // ---- R256: blocks of 256 values (8 f16 scales, then 256 quants).
 __device__ __forceinline__ float q8_dot16(const uint4 q, const float* xv, const float d) {
     const unsigned int w[4] = {q.x, q.y, q.z, q.w};
@@ -193,7 +180,7 @@ int main(int argc, char** argv) {
             matvec_dense_q8_0_r<<<dim3((s.n + 3) / 4, 1), 128, 0, t>>>(oa, wa + c * bytes, x, n, k, rbytes, groups, ngu, nullptr, nullptr, nullptr, 0ull, nullptr, nullptr, nullptr, nullptr, 0ull, 0ull, 0.0f);
         }});
         vs.push_back({"plain read", 2, [&](int c, cudaStream_t t) {
-            plain_read<<<prop.multiProcessorCount * 8, 256, 0, t>>>(ob, (const uint4*)(wa + c * bytes), bytes / 16);
+            plain_read<<<prop.multiProcessorCount * 8, 256, 0, t>>>(ob, wa + c * bytes, nullptr, bytes);
         }});
 #define R256(T_, R_, K_) PIPE(T_, R_, 1, K_)
 #define PIPE(T_, R_, P_, K_) if (s.k == K_) vs.push_back({"r256 T" #T_ " R" #R_ " P" #P_, 1, [&](int c, cudaStream_t t) { \

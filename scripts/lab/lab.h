@@ -1,5 +1,6 @@
 // What the lab harnesses share: error checks and the timing of a graph of launches.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -37,4 +38,18 @@ static float time_graph(std::function<void(cudaStream_t, int)> go, cudaStream_t 
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     return ts[ts.size() / 2];
+}
+
+// The floor for a launch's reads: `bytes` (a multiple of 16) at `w`, or, where `sel` is
+// given, at w + sel[y] · bytes for grid row y (a token's picked experts), summed in 16-byte
+// loads.
+__global__ void __launch_bounds__(256) plain_read(float* out, const unsigned char* w, const int* sel, size_t bytes) {
+    uint32_t s = 0;
+    const uint4* const p = (const uint4*)(w + (sel != nullptr ? (size_t)sel[blockIdx.y] * bytes : 0));
+#pragma unroll 4
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes / 16; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(p + i);
+        s += v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (s == 0x12345678u) out[0] = (float)s;
 }

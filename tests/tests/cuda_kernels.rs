@@ -141,11 +141,11 @@ fn attention_tiled_matches_the_attention_partial_reference() {
     let Some(dev) = device() else { return };
     let set = KernelSet { cuda: [(cuda_attention::NAME, Default::default()), (cuda_attention::ONE_NAME, Default::default())].into(), ..Default::default() };
     let ks = Kernels::compile(&dev, &set).expect("attention_tiled compiles with NVRTC");
-    let forms = [cuda_attention::NAME, cuda_attention::ONE_NAME].map(|n| ks.get(n).unwrap());
+    let forms = [cuda_attention::NAME, cuda_attention::ONE_NAME].map(|n| (n, ks.get(n).unwrap()));
     let k = ds4_ir::kernels::attention::attention_partial_kir();
     let seed = seed();
     let mut r = Rng(seed);
-    for (name, tiled) in [cuda_attention::NAME, cuda_attention::ONE_NAME].iter().zip(&forms) {
+    for (name, tiled) in forms {
         let f = &tiled.func;
         let (regs, local, shared) = (f.num_regs().unwrap(), f.local_size_bytes().unwrap(), f.shared_size_bytes().unwrap());
         let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(tiled.threads, 0, None).unwrap();
@@ -155,14 +155,14 @@ fn attention_tiled_matches_the_attention_partial_reference() {
     let mut check = |label: String, s: &AttnShape, r: &mut Rng| {
         let (items, args) = attention_args(r, s);
         let blocks = cuda_attention::blocks(s.t, s.heads, s.nc);
-        for (name, tiled) in [cuda_attention::NAME, cuda_attention::ONE_NAME].iter().zip(&forms) {
+        for (name, tiled) in forms {
             let (n, bad, worst) = run_case_on(&dev, tiled, blocks, &k, items, &args);
             println!("{name:<20} {label:<44} {n:>9} values {bad:>5} mismatches, worst rel {worst:.2e}{}", if bad > 0 { "  FAIL" } else { "" });
             if bad > 0 {
                 failures.push(format!("{name}: {label}"));
             }
         }
-        if !same_bits(&dev, [forms[0], forms[1]], &k, blocks, items * kir_eval::out_len(&k, &kargs_of(&args)), &args) {
+        if !same_bits(&dev, forms.map(|f| f.1), &k, blocks, items * kir_eval::out_len(&k, &kargs_of(&args)), &args) {
             failures.push(format!("the two forms differ: {label}"));
         }
     };
@@ -794,11 +794,17 @@ fn router_select_matches_the_chain_it_fuses() {
         let logits: Vec<f32> = f32s(&mut r, tokens * n, -30.0, 30.0);
         let bias: Vec<f32> = f32s(&mut r, n, -1.0, 1.0);
         let (lb, bb) = (dev.upload(&logits).unwrap(), dev.upload(&bias).unwrap());
-        // The fused launch.
-        let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+        // The fused launch on the logits at `logits`, or on `hc_pre`'s parts (`p`: the
+        // parts, the mix, the norm's scale, nh and the mix's width; nh 0: none): its picks
+        // and its weights' bits.
+        let run = |logits: u64, p: [Arg; 5]| {
+            let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
+            let args = [[Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(logits), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)].as_slice(), &p].concat();
+            launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
+            (sel.read::<i32>(tokens * k).unwrap(), f32_bits(&wts, tokens * k))
+        };
         let no_parts = [Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), u(0), u(0)];
-        let args = [[Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)].as_slice(), &no_parts].concat();
-        launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
+        let (got_sel, got_w) = run(lb.ptr, no_parts);
         // The four kernels.
         let (sc, bi, tk, wt) = (dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * n * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
         let t = (tokens as u32, 1, 1);
@@ -806,11 +812,9 @@ fn router_select_matches_the_chain_it_fuses() {
         launch(&dev, &biased_k.func, t, (256, 1, 1), 0, &[Arg::Ptr(bi.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(bb.ptr), u(n)]).unwrap();
         launch(&dev, &top_k_k.func, t, (512, 1, 1), 0, &[Arg::Ptr(tk.ptr), Arg::Ptr(bi.ptr), u(n), u(k)]).unwrap();
         launch(&dev, &weights_k.func, t, (32, 1, 1), 0, &[Arg::Ptr(wt.ptr), Arg::Ptr(sc.ptr), Arg::Ptr(tk.ptr), u(n), u(k), Arg::F32(scale), Arg::Bool(normalize)]).unwrap();
-        let (got_sel, want_sel): (Vec<i32>, Vec<i32>) = (sel.read(tokens * k).unwrap(), tk.read(tokens * k).unwrap());
-        let (got_w, want_w): (Vec<f32>, Vec<f32>) = (wts.read(tokens * k).unwrap(), wt.read(tokens * k).unwrap());
+        let (want_sel, want_w): (Vec<i32>, Vec<u32>) = (tk.read(tokens * k).unwrap(), f32_bits(&wt, tokens * k));
         assert_eq!(got_sel, want_sel, "router_select picks ({tokens} tokens, {n} experts, k {k})");
-        let same = got_w.iter().zip(&want_w).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "router_select weights differ ({tokens} tokens, {n} experts, k {k}): {got_w:?} vs {want_w:?}");
+        assert!(got_w == want_w, "router_select weights differ ({tokens} tokens, {n} experts, k {k}): {:?} vs {:?}", got_w.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>(), want_w.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>());
         // With x's digits in the blocks after the routing's: the same picks and weights,
         // and x_digits' planes, scales and sums, bit for bit (x of 4096 or 96 values, a
         // block of zeros and an infinity among them).
@@ -827,7 +831,7 @@ fn router_select_matches_the_chain_it_fuses() {
         let blocks = tokens + (xlen / 32).div_ceil(cuda_router::threads(n) as usize / 32);
         launch(&dev, &with_digits.func, (blocks as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args2).unwrap();
         assert_eq!(sel2.read::<i32>(tokens * k).unwrap(), want_sel, "router_select_digits picks ({tokens} tokens, {n} experts, k {k})");
-        assert_eq!(f32_bits(&wts2, tokens * k), want_w.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), "router_select_digits weights");
+        assert_eq!(f32_bits(&wts2, tokens * k), want_w, "router_select_digits weights");
         assert_same_digits("router_select_digits", &digits, &x_digits_on(&dev, x_digits, xb.ptr, xb.ptr, xlen, None), xlen);
         // From `hc_pre`'s parts (nh 4 a logit, the pre weights at the head of a mix of
         // 24, the norm's scale a token): the picks and weights of the logits made from
@@ -839,12 +843,6 @@ fn router_select_matches_the_chain_it_fuses() {
             inv[t] * (0..nh).fold(0f32, |acc, i| mixv[t * mw + i].mul_add(parts[te * nh + i], acc))
         }).collect();
         let (pb, mb, ib, mlb) = (dev.upload(&parts).unwrap(), dev.upload(&mixv).unwrap(), dev.upload(&inv).unwrap(), dev.upload(&made).unwrap());
-        let run = |logits: u64, p: [Arg; 5]| {
-            let (sel, wts) = (dev.alloc(tokens * k * 4).unwrap(), dev.alloc(tokens * k * 4).unwrap());
-            let args = [[Arg::Ptr(sel.ptr), Arg::Ptr(wts.ptr), Arg::Ptr(logits), Arg::Ptr(bb.ptr), u(n), u(k), Arg::F32(scale), u(normalize as usize)].as_slice(), &p].concat();
-            launch(&dev, &fused.func, (tokens as u32, 1, 1), (cuda_router::threads(n), 1, 1), cuda_router::shared_bytes(n), &args).unwrap();
-            (sel.read::<i32>(tokens * k).unwrap(), f32_bits(&wts, tokens * k))
-        };
         let from_parts = run(lb.ptr, [Arg::Ptr(pb.ptr), Arg::Ptr(mb.ptr), Arg::Ptr(ib.ptr), u(nh), u(mw)]);
         let from_logits = run(mlb.ptr, [Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), Arg::Ptr(lb.ptr), u(0), u(0)]);
         assert_eq!(from_parts, from_logits, "router_select from parts ({tokens} tokens, {n} experts, k {k})");

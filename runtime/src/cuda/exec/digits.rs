@@ -163,10 +163,11 @@ impl GpuExecutor<'_> {
     /// the SwiGLU of the gate and up rows, `h`), summed over the picks with their weights,
     /// as one integer launch (`digits_down_fits`). `addend`: n floats added to the sum, one
     /// f32 addition (the graph's `Add` of the shared expert: `fusion_plan.rs`); `expand`:
-    /// the `hc_expand` of out, made too where the kernel can: its value if it was.
+    /// the `hc_expand` of out, made too (one the kernel takes, `down_expand_fits`): its
+    /// value if it was.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn digits_down(&self, out: &DeviceBuf, down: &DeviceTensor, h: DownInput, sel: u64, wts: u64, addend: Option<u64>, expand: Option<&ExpandTo>, n: usize, k: usize, picks: usize) -> Result<Option<(usize, GVal)>, ExecError> {
-        let expand = self.take_expand(expand.filter(|e| cuda_digits::down_expand_fits(e.nh)))?;
+        let expand = self.take_expand(expand)?;
         let (xd, xs, xsum) = match h {
             DownInput::Digits(d) => d,
             DownInput::Rows { g, u, clamp } => self.x_digits(g, picks * k, Some((u, clamp)))?,

@@ -95,12 +95,13 @@ impl GpuExecutor<'_> {
             Some(GVal::F(s)) if s.len == n_out => Some((add, s)),
             _ => None,
         });
-        // And the expand of what it makes (the add's value, or its own).
-        let expand = self.expand_to(add.map_or(id, |(add, _)| add), nv.vals, d)?;
+        // And the expand of what it makes (the add's value, or its own), where the kernel
+        // can make it.
+        let expand = self.expand_to(add.map_or(id, |(add, _)| add), nv.vals, d)?.filter(|e| cuda_digits::down_expand_fits(e.nh));
         // Or the add's share of the expand left for the next `hc_pre` (`SharedLater`):
         // then the launch adds nothing and waits for no lane.
         let later = match (add, expand.as_ref()) {
-            (Some((add, s)), Some(e)) if cuda_digits::down_expand_fits(e.nh) => self.shared_later(add, s, e, nv.rows(0))?,
+            (Some((add, s)), Some(e)) => self.shared_later(add, s, e, nv.rows(0))?,
             _ => None,
         };
         let addend = add.filter(|_| later.is_none()).map(|(_, s)| s.ptr());
