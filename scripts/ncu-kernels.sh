@@ -7,7 +7,8 @@
 set -u
 CARRY=${CARRY:-device-carry}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+. "$(dirname "$0")/lab/lab.sh"
+NCU=$(ncu_bin)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 KERNELS=${*:-matvec_q8_0 matvec_iq2_xxs matmul_mma_q8_0 matmul_mma_iq2_xxs}
 for k in $KERNELS; do

@@ -25,6 +25,5 @@ echo "#define VARIANT_LIST ks.insert(ks.end(), {$LIST});" >> "$W/variants.cu"
 lab_build scripts/lab/attention_lab.cu
 "$W/lab"
 if [ "${NCU:-0}" = 1 ]; then
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-    "$NCU" --clock-control none -k "regex:^attention_tiled\$" -s 2 -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats "$W/lab" 2>&1 | grep -vE "^\s*$|----" | tail -80
+    lab_ncu attention_tiled | tail -80
 fi

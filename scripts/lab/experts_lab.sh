@@ -20,8 +20,5 @@ lab_build scripts/lab/experts_lab.cu matvec_digits
 "$W/lab"
 # NCU=1: Nsight Compute's view of the generated gate-and-up and down launches.
 if [ "${NCU:-0}" = 1 ]; then
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-    for k in $GU $DN; do
-        "$NCU" --clock-control none -k "regex:^$k\$" -s 2 -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats "$W/lab" 2>&1 | grep -vE "^\s*$|----" | tail -70
-    done
+    for k in $GU $DN; do lab_ncu "$k"; done
 fi

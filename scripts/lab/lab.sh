@@ -21,3 +21,13 @@ lab_build() {
     nvcc -O3 -arch=sm_90 --fmad=false -Xptxas -v -DVARIANTS -I"$W" "$1" -o "$W/lab" 2> "$W/ptxas.txt" || { cat "$W/ptxas.txt"; exit 1; }
     grep -E "Compiling|registers|spill" "$W/ptxas.txt" | paste - - - | sed 's/ptxas info    ://g' | grep -E "${2:-.}" | cut -c1-200
 }
+
+# Nsight Compute on the GPU machine (none found: empty).
+ncu_bin() {
+    command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1
+}
+
+# Nsight Compute's view of the third launch of kernel $1 (named exactly) in $W/lab.
+lab_ncu() {
+    "$(ncu_bin)" --clock-control none -k "regex:^$1\$" -s 2 -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats "$W/lab" 2>&1 | grep -vE "^\s*$|----"
+}

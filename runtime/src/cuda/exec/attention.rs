@@ -112,10 +112,7 @@ impl GpuExecutor<'_> {
             pnamed.push(("out", Arg::Ptr(part.ptr)));
             // At most one block an SM (a decode): the form with registers for one block.
             let grid = cuda_attention::blocks(tokens, heads, nc);
-            let name = match cuda_attention::one_a_sm(grid, self.dev.sms) && self.kernels.by_name.contains_key(cuda_attention::ONE_NAME) {
-                true => cuda_attention::ONE_NAME,
-                false => cuda_attention::NAME,
-            };
+            let name = self.form_or(cuda_attention::one_a_sm(grid, self.dev.sms), cuda_attention::ONE_NAME, cuda_attention::NAME);
             self.call(name, (grid as u32, 1), &pnamed)?;
             DevSlice::whole(part, items * nc * (hd + 2))
         } else {

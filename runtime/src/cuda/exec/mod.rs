@@ -288,6 +288,16 @@ impl GpuExecutor<'_> {
         self.call_threads(k, name, grid, k.threads, shared, named)
     }
 
+    /// Kernel `form` where `wanted` and it is loaded, else `otherwise` (the plain form of
+    /// the same launch).
+    fn form_or(&self, wanted: bool, form: &'static str, otherwise: &'static str) -> &'static str {
+        if wanted && self.kernels.by_name.contains_key(form) {
+            form
+        } else {
+            otherwise
+        }
+    }
+
     /// `call_loaded` with blocks of `threads` (op kernels stride their loops by the block).
     fn call_threads(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), threads: u32, shared: u32, named: &Named) -> Result<(), ExecError> {
         let mut args = Vec::with_capacity(k.params.len());

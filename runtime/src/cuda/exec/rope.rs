@@ -126,10 +126,7 @@ impl GpuExecutor<'_> {
         let named = [[("out", Arg::Ptr(out.ptr)), ("part", Arg::Ptr(part.ptr())), ("hd", u(hd)), ("nc", u(nc)), ("heads", u(heads)), ("n_rot", u(n_rot))].as_slice(), &r.named()].concat();
         // A decode's chunk counts take the form that loads their values early (more
         // registers: a prefill's one chunk an item keeps the plain one).
-        let name = match cuda_attention_merge::EARLY_CHUNKS.contains(&nc) && self.kernels.by_name.contains_key(cuda_attention_merge::ROPE_EARLY_NAME) {
-            true => cuda_attention_merge::ROPE_EARLY_NAME,
-            false => cuda_attention_merge::ROPE_NAME,
-        };
+        let name = self.form_or(cuda_attention_merge::EARLY_CHUNKS.contains(&nc), cuda_attention_merge::ROPE_EARLY_NAME, cuda_attention_merge::ROPE_NAME);
         let k = self.kernels.get(name)?;
         self.call_threads(k, name, (items as u32, 1, 1), cuda_attention_merge::THREADS, cuda_attention_merge::rope_shared_bytes(hd), &named)?;
         Ok(Some(out))
