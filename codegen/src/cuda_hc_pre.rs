@@ -58,7 +58,10 @@ pub const COUNTERS: usize = 2 * MAX_TOKENS;
 /// `fmaf(post_i, sy[c], x_i[c])`, post_i the entry nh + i of mix `smix` (the FFN's expand
 /// before this launch made `x` from the routed experts' y alone, and the shared expert's
 /// y, `sy`, is added here: see the module's notes); every block reads the streams so, and
-/// the collapse block writes them whole to `xo`.
+/// the mix's blocks write them whole to `xo`, a share each. The collapse `y` is written
+/// unless the launch norms it (`has_norm`) from registers (`held`: DeepSeek-V4-Flash's
+/// streams of 4 × 4096): the norm is then its only reader, and its stores were on the
+/// grid's last block's path to its end.
 pub fn params() -> Vec<QParam> {
     vec![
         QParam::Buffer { name: "mix", elem: BufElem::F32, mutable: true },
@@ -311,12 +314,24 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         const unsigned int i = threadIdx.x + j * blockDim.x;
         xr[j] = i < n4 ? ds4_stream4(x, i, d4, spost, sy, pend) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }}
+    // The streams with the addend (`pending`), for the launches after this one: each mix
+    // block stores its share, values [lo, lo + share), from these loads. Stored by the
+    // collapse block alone, its 64 KB (DeepSeek-V4-Flash) were on the grid's last block's
+    // path to its end.
+    float4* const xo = (float4*)(ds4_xo + (unsigned long long)item * nh * d);
+    const unsigned int share = (n4 + mw - 1u) / mw, lo = row * share;
     #pragma unroll
     for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
-        if (threadIdx.x + j * blockDim.x < n4) ds4_add_terms(xr[j], w_first[j], ss_part, dot_part);
+        const unsigned int i = threadIdx.x + j * blockDim.x;
+        if (i < n4) ds4_add_terms(xr[j], w_first[j], ss_part, dot_part);
+        if (pend && i < n4 && i - lo < share) xo[i] = xr[j];
     }}
     #pragma unroll 4
-    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) ds4_add_terms(ds4_stream4(x, i, d4, spost, sy, pend), wr[i], ss_part, dot_part);
+    for (unsigned int i = threadIdx.x + {PREFETCH}u * blockDim.x; i < n4; i += blockDim.x) {{
+        const float4 v = ds4_stream4(x, i, d4, spost, sy, pend);
+        ds4_add_terms(v, wr[i], ss_part, dot_part);
+        if (pend && i - lo < share) xo[i] = v;
+    }}
     const float2 sums = ds4_block_sum2(ss_part, dot_part);
     const float ss = sums.x, dot = sums.y;
     // The normed streams' projection: Σ w·x scaled by the norm's 1 / rms.
@@ -359,7 +374,6 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     float4* const y = (float4*)(ds4_y + (unsigned long long)item * d);
     const float4* const nw = (const float4*)ds4_norm_w;
     float4* const a = (float4*)(ds4_a + (unsigned long long)item * d);
-    float4* const xo = (float4*)(ds4_xo + (unsigned long long)item * nh * d);
     // A stream of one float4 a thread and no more streams than the sums' first loads
     // (`held`): thread t holds x[i·d4 + t] of every stream i in xr[i] (DeepSeek-V4-Flash: 4
     // streams of 4096, 1024 threads), its one output is made from those and normed from
@@ -375,12 +389,10 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
             if (i < h) {{
                 const float4 v = held && i < {PREFETCH}u ? xr[i < {PREFETCH}u ? i : 0u] : ds4_stream4(x, i * d4 + c, d4, spost, sy, pend);
-                // The streams with the addend, for the launches after this one.
-                if (pend) xo[i * d4 + c] = v;
                 acc.x += pre[i] * v.x; acc.y += pre[i] * v.y; acc.z += pre[i] * v.z; acc.w += pre[i] * v.w;
             }}
         }}
-        y[c] = acc;
+        if (!held || has_norm == 0ull) y[c] = acc;
         mine = acc;
         yy_part += acc.x * acc.x; yy_part += acc.y * acc.y; yy_part += acc.z * acc.z; yy_part += acc.w * acc.w;
     }}

@@ -1106,9 +1106,9 @@ fn indexer_scores_vec_is_the_cpus_floats() {
 
 /// `hc_pre` (a decode token's norm, projection, mix, collapse and the collapse's weighted
 /// norm in one launch) against the kernels it replaces, launched one after another on the
-/// same inputs: the mix, the collapse and its norm agree to 2e-5 of their largest value
-/// (the norm's and the projection's sums are added in other orders, the projection scaled
-/// once), for 1 to `MAX_TOKENS` tokens, streams of DeepSeek-V4-Flash's 4096 values (the
+/// same inputs: the mix, the collapse (where the launch writes it) and its norm agree to
+/// 2e-5 of their largest value (the norm's and the projection's sums are added in other
+/// orders, the projection scaled once), for 1 to `MAX_TOKENS` tokens, streams of DeepSeek-V4-Flash's 4096 values (the
 /// collapse from registers) and of other lengths; its ticket counters return to zero, so
 /// a second launch gives the same floats bit for bit, and so does a launch that leaves the
 /// Sinkhorn to `hc_comb`. With a router part (`cuda_hc_pre::router_blocks`), the logits
@@ -1222,14 +1222,17 @@ fn hc_pre_matches_the_chain_it_fuses() {
             let top = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(f32::MIN_POSITIVE) as f64;
             got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).abs() / top).fold(0f64, f64::max)
         };
-        let (wm, wy) = (worst(&runs[0].0, &want_mix), worst(&runs[0].1, &want_y));
+        // The collapse is not written where the launch norms it from registers (its norm
+        // its only reader: `cuda_hc_pre::params`).
+        let y_written = !(has_norm && d == 4 * cuda_hc_pre::THREADS as usize && nh <= 4);
+        let (wm, wy) = (worst(&runs[0].0, &want_mix), if y_written { worst(&runs[0].1, &want_y) } else { 0.0 });
         let wa = if has_norm { worst(&runs[0].2, &want_a) } else { 0.0 };
         println!("hc_pre nh {nh}, d {d}, {tokens} tokens, {iters} iterations: mix {wm:.2e}, collapse {wy:.2e}, its norm {wa:.2e} of the largest value from the kernels it fuses{}", if has_norm { "" } else { " (no norm)" });
         assert!(wm <= 2e-5 && wy <= 2e-5 && wa <= 2e-5, "hc_pre off the kernels it fuses: mix {wm:e}, collapse {wy:e}, norm {wa:e}");
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same(&runs[0].0, &runs[1].0) && same(&runs[0].1, &runs[1].1) && (!has_norm || same(&runs[0].2, &runs[1].2)), "hc_pre's second launch differs: its counters did not return to zero");
-        assert!(same(&runs[0].0, &runs[2].0) && same(&runs[0].1, &runs[2].1) && (!has_norm || same(&runs[0].2, &runs[2].2)), "hc_pre with hc_comb is not hc_pre's floats");
-        assert!(same(&runs[0].0, &runs[3].0) && same(&runs[0].1, &runs[3].1) && (!has_norm || same(&runs[0].2, &runs[3].2)), "hc_pre with the share pending is not hc_pre's floats on the streams with it added");
+        assert!(same(&runs[0].0, &runs[1].0) && (!y_written || same(&runs[0].1, &runs[1].1)) && (!has_norm || same(&runs[0].2, &runs[1].2)), "hc_pre's second launch differs: its counters did not return to zero");
+        assert!(same(&runs[0].0, &runs[2].0) && (!y_written || same(&runs[0].1, &runs[2].1)) && (!has_norm || same(&runs[0].2, &runs[2].2)), "hc_pre with hc_comb is not hc_pre's floats");
+        assert!(same(&runs[0].0, &runs[3].0) && (!y_written || same(&runs[0].1, &runs[3].1)) && (!has_norm || same(&runs[0].2, &runs[3].2)), "hc_pre with the share pending is not hc_pre's floats on the streams with it added");
         assert!(same(&xo.read::<f32>(tokens * n).unwrap(), &x), "hc_pre's streams made whole are not the streams with the share added");
     }
 }

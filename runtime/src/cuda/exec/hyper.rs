@@ -86,7 +86,10 @@ impl<'a> GpuExecutor<'a> {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
         }
-        let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), GVal::F(DevSlice::whole(y, tokens * d)))];
+        // The collapse read by nothing but the norm made here: not kept (the launch may not
+        // write it, `cuda_hc_pre::params`).
+        let collapse = if norm.is_some() { GVal::Freed } else { GVal::F(DevSlice::whole(y, tokens * d)) };
+        let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), collapse)];
         if let Some((_, _, parts)) = router {
             made.push((parts.logits, GVal::Freed));
             self.router_parts.replace(Some(parts));
