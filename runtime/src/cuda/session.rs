@@ -88,7 +88,7 @@ impl<'m> CudaBackend<'m> {
 
 /// An executor of `graph` on `b`'s device and weights.
 fn executor<'a>(b: &'a CudaBackend<'_>, graph: &'a Graph, plan: &'a FusionPlan) -> GpuExecutor<'a> {
-    GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default(), digits_ahead: Default::default(), comb_pending: Default::default(), router_parts: Default::default(), shared_later: Default::default(), streams_made_whole: Default::default() }
+    GpuExecutor { dev: &b.dev, kernels: &b.kernels, weights: &b.weights, graph, plan, dummy: &b.dummy, hc_counters: &b.hc_counters, freqs: &b.freqs, branch: Default::default(), digits_ahead: Default::default(), comb_pending: Default::default(), router_parts: Default::default(), shared_later: Default::default() }
 }
 
 /// One conversation on the GPU.

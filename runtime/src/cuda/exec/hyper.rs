@@ -79,9 +79,6 @@ impl<'a> GpuExecutor<'a> {
             self.join()?;
         }
         self.call(cuda_hc_pre::NAME, ((mw + cuda_hc_pre::router_blocks(r_rows)) as u32, tokens as u32), &named)?;
-        if let Some(whole) = whole {
-            self.streams_made_whole.replace(Some((c.streams.index(), DevSlice::whole(whole, tokens * n))));
-        }
         if let Some(home) = home {
             self.launch_comb()?;
             self.comb_pending.replace(Some(CombPending { home, chain: c, proj, mix: mix.ptr, tokens }));
@@ -96,6 +93,10 @@ impl<'a> GpuExecutor<'a> {
         }
         if let Some((id, _, _, a)) = norm {
             made.push((id.index(), GVal::F(DevSlice::whole(a, tokens * d))));
+        }
+        // The streams made whole: their node's value from now on (`run_nodes`).
+        if let Some(whole) = whole {
+            made.push((c.streams.index(), GVal::F(DevSlice::whole(whole, tokens * n))));
         }
         Ok(Some(made))
     }

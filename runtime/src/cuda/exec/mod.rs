@@ -183,9 +183,6 @@ pub struct GpuExecutor<'a> {
     pub router_parts: std::cell::RefCell<Option<RouterParts>>,
     /// The shared expert's share of an FFN's expand, left for the next `hc_pre` to add.
     pub shared_later: std::cell::RefCell<Option<SharedLater>>,
-    /// The streams an `hc_pre` launch made whole from a [`SharedLater`]'s: their node's
-    /// value from then on (`run_nodes` puts it in).
-    pub streams_made_whole: std::cell::RefCell<Option<(usize, DevSlice)>>,
 }
 
 /// The shared expert's y that an FFN's expand left out of the streams it made (node
@@ -467,11 +464,15 @@ impl GpuExecutor<'_> {
             };
             profile::stop(self.dev, t_node, op.name(), &g.node(id).label)?;
             settle(&mut vals, id, value, &ins, step, last_use);
-            // Streams an `hc_pre` launch made whole (`SharedLater`): their readers from
-            // now on read those.
-            if let Some((node, whole)) = self.streams_made_whole.take() {
-                vals.insert(node, GVal::F(whole));
-            }
+            // A fused launch's new value for a node already run (the streams an `hc_pre`
+            // launch made whole, `SharedLater`): its readers from now on read that.
+            made.retain(|&node, v| match vals.contains_key(&node) {
+                true => {
+                    vals.insert(node, std::mem::replace(v, GVal::Freed));
+                    false
+                }
+                false => true,
+            });
         }
         if self.shared_later.borrow().is_some() {
             return Err(ExecError::Internal("a shared expert's share was left for an hc_pre launch that never came".into()));
