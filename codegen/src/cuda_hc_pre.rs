@@ -306,13 +306,33 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         if (i < n4) w_first[j] = __ldg(wr + i);
     }}
 {guard_close}{wait}    // One pass: Σ x² (the norm) and Σ w·x (the projection row), four values a load.
-    // The first loads stay in registers for the collapse (`held`, below).
+    // The first loads stay in registers for the collapse (`held`, below). There thread t
+    // loads channel t of each stream, so a pending addend (`ds4_stream4`'s arithmetic) is
+    // one load of sy[t] and a post weight a stream, where `ds4_stream4` finds both a value
+    // (a division, a load of sy each).
     float ss_part = 0.0f, dot_part = 0.0f;
+    const bool held = d4 == blockDim.x && h <= {PREFETCH}u;
     float4 xr[{PREFETCH}];
-    #pragma unroll
-    for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
-        const unsigned int i = threadIdx.x + j * blockDim.x;
-        xr[j] = i < n4 ? ds4_stream4(x, i, d4, spost, sy, pend) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (held) {{
+        const float4 a = pend ? sy[threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        #pragma unroll
+        for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < h) {{
+                v = x[j * d4 + threadIdx.x];
+                if (pend) {{
+                    const float p = spost[j];
+                    v.x = fmaf(p, a.x, v.x); v.y = fmaf(p, a.y, v.y); v.z = fmaf(p, a.z, v.z); v.w = fmaf(p, a.w, v.w);
+                }}
+            }}
+            xr[j] = v;
+        }}
+    }} else {{
+        #pragma unroll
+        for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
+            const unsigned int i = threadIdx.x + j * blockDim.x;
+            xr[j] = i < n4 ? ds4_stream4(x, i, d4, spost, sy, pend) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }}
     }}
     // The streams with the addend (`pending`), for the launches after this one: each mix
     // block stores its share, values [lo, lo + share), from these loads. Stored by the
@@ -380,7 +400,6 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
     // the register it is in, where otherwise the 64 KB of streams are read again from L2
     // in one block and the outputs read back (1.0 of the kernel's 4.7 µs, H200, a
     // globaltimer read in the block). The same floats either way.
-    const bool held = d4 == blockDim.x && h <= {PREFETCH}u;
     float4 mine = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float yy_part = 0.0f;
     for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
