@@ -206,17 +206,19 @@ __device__ __forceinline__ float4 ds4_half4(const uint2 h) {{
     return make_float4(ds4_f16_to_f32_dot(h.x & 0xffffu), ds4_f16_to_f32_dot(h.x >> 16), ds4_f16_to_f32_dot(h.y & 0xffffu), ds4_f16_to_f32_dot(h.y >> 16));
 }}
 
+// Stream values v with the pending addend p · a (`pending`: a stream's post weight p, the
+// shared expert's y a) added.
+__device__ __forceinline__ float4 ds4_with_share(float4 v, const float p, const float4 a) {{
+    v.x = fmaf(p, a.x, v.x); v.y = fmaf(p, a.y, v.y); v.z = fmaf(p, a.z, v.z); v.w = fmaf(p, a.w, v.w);
+    return v;
+}}
+
 // Float4 i of a token's streams (d4 float4s a stream), with the pending addend post_s · sy
 // added where `pend` (`pending`).
 __device__ __forceinline__ float4 ds4_stream4(const float4* const x, const unsigned int i, const unsigned int d4, const float* const spost, const float4* const sy, const bool pend) {{
-    float4 v = x[i];
-    if (pend) {{
-        const unsigned int s = i / d4;
-        const float p = spost[s];
-        const float4 a = sy[i - s * d4];
-        v.x = fmaf(p, a.x, v.x); v.y = fmaf(p, a.y, v.y); v.z = fmaf(p, a.z, v.z); v.w = fmaf(p, a.w, v.w);
-    }}
-    return v;
+    if (!pend) return x[i];
+    const unsigned int s = i / d4;
+    return ds4_with_share(x[i], spost[s], sy[i - s * d4]);
 }}
 
 // Four streams' values v and the projection row's halves h added to Σ x² and Σ w·x.
@@ -317,15 +319,8 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         const float4 a = pend ? sy[threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
         for (unsigned int j = 0; j < {PREFETCH}u; j++) {{
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (j < h) {{
-                v = x[j * d4 + threadIdx.x];
-                if (pend) {{
-                    const float p = spost[j];
-                    v.x = fmaf(p, a.x, v.x); v.y = fmaf(p, a.y, v.y); v.z = fmaf(p, a.z, v.z); v.w = fmaf(p, a.w, v.w);
-                }}
-            }}
-            xr[j] = v;
+            const float4 v = j < h ? x[j * d4 + threadIdx.x] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xr[j] = pend && j < h ? ds4_with_share(v, spost[j], a) : v;
         }}
     }} else {{
         #pragma unroll
