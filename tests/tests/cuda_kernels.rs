@@ -1108,14 +1108,15 @@ fn indexer_scores_vec_is_the_cpus_floats() {
 /// norm in one launch) against the kernels it replaces, launched one after another on the
 /// same inputs: the mix, the collapse (where the launch writes it) and its norm agree to
 /// 2e-5 of their largest value (the norm's and the projection's sums are added in other
-/// orders, the projection scaled once), for 1 to `MAX_TOKENS` tokens, streams of DeepSeek-V4-Flash's 4096 values (the
-/// collapse from registers) and of other lengths; its ticket counters return to zero, so
-/// a second launch gives the same floats bit for bit, and so does a launch that leaves the
-/// Sinkhorn to `hc_comb`. With a router part (`cuda_hc_pre::router_blocks`), the logits
-/// added from its parts are the router's mat-vec of the collapse's norm to 1e-5 of Σ|w·a|,
-/// and the mix, collapse and norm are the same floats as without it. From streams with a
-/// shared expert's share pending (`pending`), the same floats as from the streams with it
-/// added, and those streams written whole, bit for bit.
+/// orders, the projection scaled once), for 1 to `MAX_TOKENS` tokens, streams of
+/// DeepSeek-V4-Flash's 4096 values (the collapse from registers) and of other lengths; its
+/// ticket counters return to zero, so a second launch gives the same floats bit for bit,
+/// and so does a launch that leaves the Sinkhorn to `hc_comb`. With a router part
+/// (`cuda_hc_pre::router_blocks`), the logits added from its parts are the router's mat-vec
+/// of the collapse's norm to 1e-5 of Σ|w·a|, and the mix, collapse and norm are the same
+/// floats as without it. From streams with a shared expert's share pending (`pending`), the
+/// same floats as from the streams with it added, and those streams written whole, bit for
+/// bit.
 #[test]
 fn hc_pre_matches_the_chain_it_fuses() {
     let Some(dev) = device() else { return };
