@@ -50,6 +50,16 @@ pub const THREADS: u32 = 1024;
 pub const MAX_TOKENS: usize = 8;
 /// Ticket counters the launch needs (zeros, left zero): two a token.
 pub const COUNTERS: usize = 2 * MAX_TOKENS;
+/// Float4 loads of the streams a thread makes before the rest of its sums (in registers).
+const PREFETCH: usize = 4;
+
+/// Whether a launch holds every stream value in the registers of its first loads
+/// (`held`: a float4 of each stream a thread), as the kernel decides: then the collapse
+/// and its norm come from those registers, and the collapse is not written where the
+/// launch norms it (`params`).
+pub fn held(nh: usize, d: usize) -> bool {
+    d == 4 * THREADS as usize && nh <= PREFETCH
+}
 
 /// Parameters in launch order; `a` and `norm_w` are read and written only when
 /// `has_norm` is 1; with `comb` 0 the combination blocks store their projections and
@@ -432,7 +442,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         guard_open = crate::cuda::before_wait_open("n4 != 0u"),
         guard_open_r = crate::cuda::before_wait_open("d4 != 0u"),
         guard_close = crate::cuda::BEFORE_WAIT_CLOSE,
-        PREFETCH = 4,
+        PREFETCH = PREFETCH,
         RR = ROUTER_ROWS,
     ));
     s

@@ -458,6 +458,7 @@ impl GpuExecutor<'_> {
             }
             let op = &g.node(id).op;
             let t_node = profile::start(self.dev)?;
+            let ahead = made.len();
             let value = {
                 let nv = NodeView::new(g, id, &ins, bind, &vals, self.weights);
                 self.node_value(&nv, op, &mut made, &skipped, state, ids, residual)?
@@ -465,14 +466,18 @@ impl GpuExecutor<'_> {
             profile::stop(self.dev, t_node, op.name(), &g.node(id).label)?;
             settle(&mut vals, id, value, &ins, step, last_use);
             // A fused launch's new value for a node already run (the streams an `hc_pre`
-            // launch made whole, `SharedLater`): its readers from now on read that.
-            made.retain(|&node, v| match vals.contains_key(&node) {
-                true => {
-                    vals.insert(node, std::mem::replace(v, GVal::Freed));
-                    false
-                }
-                false => true,
-            });
+            // launch made whole, `SharedLater`): its readers from now on read that. Only
+            // a launch that made values ahead can have made one (checked then, not at
+            // every node of the step).
+            if made.len() > ahead {
+                made.retain(|&node, v| match vals.contains_key(&node) {
+                    true => {
+                        vals.insert(node, std::mem::replace(v, GVal::Freed));
+                        false
+                    }
+                    false => true,
+                });
+            }
         }
         if self.shared_later.borrow().is_some() {
             return Err(ExecError::Internal("a shared expert's share was left for an hc_pre launch that never came".into()));
