@@ -272,6 +272,11 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
         const float4* const g4 = (const float4*)ds4_norm_w;
         for (unsigned int c = threadIdx.x; c < d4; c += blockDim.x) {{
             const float4 g = has_norm != 0ull ? g4[c] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            // The streams' values at c once for the block's rows (in the loop below, 4x the
+            // loads and the pending share's multiply-adds: ptxas did not share them).
+            float4 vs[DS4_MAX_NH];
+            #pragma unroll
+            for (unsigned int i = 0; i < DS4_MAX_NH; i++) vs[i] = i < h ? ds4_stream4(x, i * d4 + c, d4, spost, sy, pend) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             #pragma unroll
             for (unsigned int jj = 0; jj < {RR}u; jj++) {{
                 if (j0 + jj >= (unsigned int)r_rows) continue;
@@ -280,7 +285,7 @@ __device__ __forceinline__ void ds4_add_terms(const float4 v, const uint2 h, flo
                 #pragma unroll
                 for (unsigned int i = 0; i < DS4_MAX_NH; i++) {{
                     if (i < h) {{
-                        const float4 v = ds4_stream4(x, i * d4 + c, d4, spost, sy, pend);
+                        const float4 v = vs[i];
                         float t = acc[jj * DS4_MAX_NH + i];
                         t = fmaf(wg.x, v.x, t); t = fmaf(wg.y, v.y, t); t = fmaf(wg.z, v.z, t); t = fmaf(wg.w, v.w, t);
                         acc[jj * DS4_MAX_NH + i] = t;
