@@ -16,6 +16,23 @@ pub(super) enum DownInput {
     Rows { g: u64, u: u64, clamp: f32 },
 }
 
+/// The dynamic shared memory a routing launch over `n` experts asks for: all the kernel
+/// may have (`cuda_router::MAX_SHARED_BYTES`, 192 KiB), where it needs a few KiB, so that
+/// each of its blocks holds an SM alone. The shared expert's gate and up start beside it
+/// (their own lane, the same input), and where their blocks shared its SMs the routing took
+/// ~7 µs where it takes ~4 alone, on the path to the routed experts. H200, synthetic q2
+/// (bench/RESULTS.md, thirty-third stop): a CSA layer 131.7 -> 130.0 µs, an HCA layer
+/// 106.0 -> 104.4 (traces), decode 186.7 -> 189.2 t/s (medians, two rounds). Asking for
+/// 60 KB, or the kernel's preferred carveout at all shared memory with its few KiB, did not
+/// do it (the first no change, the second slower). `DS4_ROUTER_ALONE=0` asks for what the
+/// launch needs.
+fn routing_shared_bytes(n: usize) -> u32 {
+    match switched_off!("DS4_ROUTER_ALONE") {
+        true => cuda_router::shared_bytes(n),
+        false => cuda_router::MAX_SHARED_BYTES,
+    }
+}
+
 impl GpuExecutor<'_> {
     /// Whether the integer mat-vec `name` may run (`cuda_digits.rs`) and it and `x_digits`
     /// are loaded. `DS4_DIGITS`: `0` none, `gate` only the experts' gate and up, `down`
@@ -266,10 +283,10 @@ impl GpuExecutor<'_> {
             named.extend([("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x.ptr())), ("xk", u(x.len)), ("tokens", u(tokens))]);
             // The routing's threads make x_digits' warps of 32 values too.
             let blocks = tokens + (x.len / cuda_digits::X_BLOCK).div_ceil(cuda_router::threads(n) as usize / 32);
-            self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+            self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(n), &named)?;
             self.digits_ahead.replace(Some(DigitsAhead { x: x.ptr(), len: x.len, digits: (xd, xs, xsum) }));
         } else {
-            self.call_threads(self.kernels.get(cuda_router::NAME)?, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), cuda_router::shared_bytes(n), &named)?;
+            self.call_threads(self.kernels.get(cuda_router::NAME)?, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(n), &named)?;
         }
         Ok(Some(vec![(c.biased.index(), GVal::Freed), (c.top_k.index(), GVal::I(DevSlice::whole(sel, tokens * c.k))), (c.weights.index(), GVal::F(DevSlice::whole(wts, tokens * c.k)))]))
     }
