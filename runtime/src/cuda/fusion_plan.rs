@@ -194,6 +194,9 @@ impl FusionPlan {
             compressors_first(g, &mut selecting);
             compressors_first(g, &mut every_row);
         }
+        if !switched_off!("DS4_KV_LATE") {
+            kv_row_late(g, &mut selecting);
+        }
         plan.selecting = Schedule::of(g, selecting);
         plan.every_row = Schedule::of(g, every_row);
         plan
@@ -441,6 +444,37 @@ fn compressors_first(g: &Graph, order: &mut Vec<NodeId>) {
     }
 }
 
+/// In a layer that selects its rows (CSA), the KV row's chain after its mat-vec (its norm,
+/// RoPE and FP8 round trip, one `norm_rope` launch, and the push into the window's log, a
+/// `copy_spans`) moved right before the attention, its only reader. In the graph's order
+/// the chain sat on the main lane between the mat-vec and the compressors' projections,
+/// on the path to the indexer's scores, which do not read it; there its copy waited ~2 µs
+/// for SMs behind the indexer query's mat-vec on the side lane (an H200 trace: the norm
+/// 3.9 µs, the wait and the copy 3.3 more). Before the attention it runs while the
+/// attention waits for the query's `q_b` anyway. `DS4_KV_LATE=0` keeps the graph's order.
+fn kv_row_late(g: &Graph, order: &mut Vec<NodeId>) {
+    for attn in g.order() {
+        let Op::Attention { comp: ds4_ir::CompMode::Selected, .. } = g.node(attn).op else { continue };
+        // Back from the window's log through first inputs to the KV row's mat-vec.
+        let mut chain = Vec::new();
+        let mut id = g.inputs(attn)[1];
+        while chain.len() < 16 && !matches!(g.node(id).op, Op::MatMul) {
+            chain.push(id);
+            match g.inputs(id).first() {
+                Some(&i) => id = i,
+                None => break,
+            }
+        }
+        // Only a chain that is the attention's alone moves.
+        let alone = |n: &NodeId| g.consumers(*n).iter().all(|c| *c == attn || chain.contains(c));
+        if !matches!(g.node(id).op, Op::MatMul) || !chain.iter().all(alone) {
+            continue;
+        }
+        chain.reverse();
+        place(g, order, &chain, Some(attn));
+    }
+}
+
 /// The readers of `nodes` outside them (a branch's joins).
 fn joins_of(g: &Graph, nodes: &[NodeId]) -> Vec<NodeId> {
     let inside: std::collections::HashSet<NodeId> = nodes.iter().copied().collect();
@@ -627,7 +661,8 @@ mod tests {
     /// norm it reads and the attention's query branch right after the indexer's scores,
     /// elsewhere where the graph has it; a run that skips the selections keeps the
     /// graph's order; in both, an HCA layer's compressor projections run right before its
-    /// KV row's mat-vec.
+    /// KV row's mat-vec; a CSA layer's KV row chain runs right before its attention where
+    /// the run selects.
     #[test]
     fn run_order_moves_only_an_indexed_layers_query_branches() {
         let model = crate::cuda::tiny_q2();
@@ -705,5 +740,25 @@ mod tests {
             }
         }
         assert!(moved > 0 && kept > 0, "moved {moved}, kept {kept}");
+        // A CSA layer's KV row from its norm to its window log, right before the attention
+        // (weights aside), where the run selects; where it skips the selections, as the
+        // graph has it (after the mat-vec).
+        let mut late = 0;
+        for id in g.order() {
+            if !matches!(g.node(id).op, Op::Attention { comp: ds4_ir::CompMode::Selected, .. }) {
+                continue;
+            }
+            let layer = g.node(id).label.trim_end_matches(".attn").to_string();
+            let (norm, window, kv) = (at(format!("{layer}.kv.norm")).expect("the KV row's norm"), g.inputs(id)[1], at(format!("{layer}.kv")).expect("the KV row's mat-vec"));
+            assert_eq!(pos[window.index()] + 1, pos[id.index()], "{layer}: the window log right before the attention");
+            for q in pos[norm.index()]..pos[window.index()] {
+                let n = g.node(order[q]);
+                assert!(n.label.starts_with(&format!("{layer}.kv.")) || matches!(n.op, Op::Weight { .. }), "{layer}: {} inside the KV row's chain", n.label);
+            }
+            let p = places(&every_row.order);
+            assert!(p[norm.index()] < p[id.index()] && (p[kv.index()] + 1..p[norm.index()]).all(|q| matches!(g.node(every_row.order[q]).op, Op::Weight { .. })), "{layer}: the graph's order where every row is read");
+            late += 1;
+        }
+        assert!(late > 0, "no CSA layer");
     }
 }
