@@ -751,8 +751,8 @@ mod tests {
             let layer = g.node(id).label.trim_end_matches(".attn").to_string();
             let (norm, window, kv) = (at(format!("{layer}.kv.norm")).expect("the KV row's norm"), g.inputs(id)[1], at(format!("{layer}.kv")).expect("the KV row's mat-vec"));
             assert_eq!(pos[window.index()] + 1, pos[id.index()], "{layer}: the window log right before the attention");
-            for q in pos[norm.index()]..pos[window.index()] {
-                let n = g.node(order[q]);
+            for &o in &order[pos[norm.index()]..pos[window.index()]] {
+                let n = g.node(o);
                 assert!(n.label.starts_with(&format!("{layer}.kv.")) || matches!(n.op, Op::Weight { .. }), "{layer}: {} inside the KV row's chain", n.label);
             }
             let p = places(&every_row.order);
