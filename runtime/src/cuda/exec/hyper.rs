@@ -13,9 +13,13 @@ impl<'a> GpuExecutor<'a> {
     /// weighted norm where that is its only reader). `x`: the norm's
     /// input, `tokens` rows of `n` floats (the streams).
     pub(super) fn hc_pre(&self, norm: ds4_ir::NodeId, x: &DevSlice, tokens: usize, n: usize, eps: f32) -> Result<Option<Vec<(usize, GVal)>>, ExecError> {
+        let chain = self.plan.hc_pre(norm);
         // The shared expert's share an FFN's expand left for this launch (`SharedLater`).
-        let later = self.shared_later.borrow_mut().take_if(|l| self.plan.hc_pre(norm).is_some_and(|c| c.streams.index() == l.streams));
-        let taken = self.hc_pre_takes(norm, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16));
+        let later = self.shared_later.borrow_mut().take_if(|l| chain.is_some_and(|c| c.streams.index() == l.streams));
+        let taken = match chain {
+            Some(c) => self.hc_pre_fits(c, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16)).map(|w| (c, w)),
+            None => None,
+        };
         let Some((c, w)) = taken else {
             return match later {
                 Some(_) => Err(ExecError::Internal(format!("{}: the shared expert's share was left for an hc_pre launch that does not run", self.graph.node(norm).label))),
@@ -23,7 +27,7 @@ impl<'a> GpuExecutor<'a> {
             };
         };
         let (mw, d) = (ds4_ir::kernels::hc::mix_width(c.nh), n / c.nh);
-        let (mix, y, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * d * 4)?, self.dev.alloc(tokens * mw * 4)?);
+        let (mix, proj) = (self.dev.alloc(tokens * mw * 4)?, self.dev.alloc(tokens * mw * 4)?);
         // The router's mat-vec as parts in blocks of their own (`router_part`).
         let router = self.router_part(c, tokens, d, mix.ptr)?;
         // The Sinkhorn out of this launch (`CombHome`): the FFN's at the head of the
@@ -43,6 +47,12 @@ impl<'a> GpuExecutor<'a> {
             Some((id, w, eps)) => Some((*id, self.weights.vector(w)?.ptr, *eps, self.dev.alloc(tokens * d * 4)?)),
             None => None,
         };
+        // The collapse, except where the launch norms it from registers and so never
+        // writes it (`cuda_hc_pre::held`).
+        let y = match norm.is_some() && cuda_hc_pre::held(c.nh, d) {
+            true => None,
+            false => Some(self.dev.alloc(tokens * d * 4)?),
+        };
         let r_rows = router.as_ref().map_or(0, |r| r.1);
         // The streams made whole, where a share is added.
         let whole = later.as_ref().map(|_| self.dev.alloc(tokens * n * 4)).transpose()?;
@@ -52,7 +62,7 @@ impl<'a> GpuExecutor<'a> {
             ("ainv", Arg::Ptr(router.as_ref().map_or(self.dummy.ptr, |r| r.2.inv.ptr))),
             ("r_rows", u(r_rows)),
             ("mix", Arg::Ptr(mix.ptr)),
-            ("y", Arg::Ptr(y.ptr)),
+            ("y", Arg::Ptr(y.as_ref().map_or(self.dummy.ptr, |y| y.ptr))),
             ("a", Arg::Ptr(norm.as_ref().map_or(self.dummy.ptr, |n| n.3.ptr))),
             ("proj", Arg::Ptr(proj.ptr)),
             ("counters", Arg::Ptr(self.hc_counters.ptr)),
@@ -85,7 +95,10 @@ impl<'a> GpuExecutor<'a> {
         }
         // The collapse read by nothing but the norm made here: not kept (the launch may not
         // write it, `cuda_hc_pre::params`).
-        let collapse = if norm.is_some() { GVal::Freed } else { GVal::F(DevSlice::whole(y, tokens * d)) };
+        let collapse = match (norm.is_some(), y) {
+            (false, Some(y)) => GVal::F(DevSlice::whole(y, tokens * d)),
+            _ => GVal::Freed,
+        };
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), collapse)];
         if let Some((_, _, parts)) = router {
             made.push((parts.logits, GVal::Freed));
@@ -106,13 +119,21 @@ impl<'a> GpuExecutor<'a> {
     /// few tokens, an F16 projection, a mix that fits a warp; `DS4_HC_PRE=0`: never. With
     /// the projection's weight.
     pub(super) fn hc_pre_takes(&self, norm: ds4_ir::NodeId, tokens: usize, n: usize) -> Result<Option<(&'a super::super::hc_pre::HcPreChain, &'a DeviceTensor)>, ExecError> {
+        match self.plan.hc_pre(norm) {
+            Some(c) => Ok(self.hc_pre_fits(c, tokens, n)?.map(|w| (c, w))),
+            None => Ok(None),
+        }
+    }
+
+    /// Chain `c`'s projection weight where the chain runs as one `hc_pre` launch
+    /// (`hc_pre_takes`).
+    fn hc_pre_fits(&self, c: &'a super::super::hc_pre::HcPreChain, tokens: usize, n: usize) -> Result<Option<&'a DeviceTensor>, ExecError> {
         if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
             return Ok(None);
         }
-        let Some(c) = self.plan.hc_pre(norm) else { return Ok(None) };
         let w = self.weights.tensor(&c.w)?;
         let fits = n.is_multiple_of(c.nh) && cuda_hc_pre::fits(c.nh, n / c.nh, tokens) && w.ty == ds4_ir::GgmlType::F16;
-        Ok(fits.then_some((c, w)))
+        Ok(fits.then_some(w))
     }
 
     /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`,
