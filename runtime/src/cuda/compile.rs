@@ -49,6 +49,9 @@ pub struct Loaded {
     pub stages_out: bool,
     /// Bytes of dynamic shared memory a launch gives it (`QuantKernel::dynamic_shared`).
     pub dyn_shared: u32,
+    /// The most dynamic shared memory this device lets a launch of it ask for
+    /// ([`shared_room`]): `dyn_shared` where the device has the room.
+    pub shared_room: u32,
     /// Reads x's bf16 parts, made first by `split_x_bf16x3` (`QuantKernel::reads_x_parts`,
     /// `x_parts.rs`).
     pub reads_x_parts: bool,
@@ -71,6 +74,15 @@ impl Loaded {
 pub struct Kernels {
     pub by_name: HashMap<String, Loaded>,
     pub target: Target,
+}
+
+/// The dynamic shared memory a kernel that wants `wanted` bytes may ask for on a device
+/// that gives a block `optin` bytes at most, `fixed` of them the kernel's static shared
+/// memory. Where that is less than `wanted` (the top-k sort's 128 KiB or the routing's 192
+/// KiB on a device of 99 KiB a block), the launches that need more take their fallbacks
+/// (`GpuExecutor::shared_room`), and the kernel still loads.
+pub fn shared_room(wanted: u32, optin: u32, fixed: u32) -> u32 {
+    wanted.min(optin.saturating_sub(fixed))
 }
 
 /// The dialect for a compute capability.
@@ -186,12 +198,18 @@ impl Kernels {
         for (u, p) in units.into_iter().zip(ptx) {
             let module = dev.ctx.load_module(p?)?;
             let func = module.load_function(&u.name)?;
-            if u.dyn_shared > 0 {
-                // Past 48 KiB a kernel must ask for its dynamic shared memory.
-                func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, u.dyn_shared as i32)?;
-            }
+            let shared_room = match u.dyn_shared {
+                0 => 0,
+                wanted => {
+                    // Past 48 KiB a kernel must ask for its dynamic shared memory, and the
+                    // device bounds what it may ask for.
+                    let room = shared_room(wanted, dev.shared_optin, func.shared_size_bytes()?.max(0) as u32);
+                    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, room as i32)?;
+                    room
+                }
+            };
             let max_threads = if u.any_block { func.max_threads_per_block()? as u32 } else { u.threads };
-            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, any_block: u.any_block, max_threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, reads_x_parts: u.reads_x_parts });
+            by_name.insert(u.name, Loaded { func, params: u.params, threads: u.threads, any_block: u.any_block, max_threads, splits_items: u.splits_items, stages_out: u.stages_out, dyn_shared: u.dyn_shared, shared_room, reads_x_parts: u.reads_x_parts });
         }
         Ok(Kernels { by_name, target })
     }
@@ -205,4 +223,21 @@ fn quant_unit(kind: QuantKernelKind, t: GgmlType, target: Target) -> Result<Unit
     let spec = ds4_ir::quant::spec(t).ok_or_else(|| CudaError(format!("{t}: no quant declaration")))?;
     let k = quant::quant_kernel(spec, kind, target).map_err(|e| CudaError(e.to_string()))?;
     Ok(Unit { params: quant_params(&k.params), name: k.name, any_block: false, source: k.source, threads: k.threads, splits_items: false, stages_out: false, dyn_shared: k.dynamic_shared, reads_x_parts: k.reads_x_parts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel gets what it wants where the device has the room, else the device's most
+    /// less its static shared memory (never below zero).
+    #[test]
+    fn shared_room_is_what_the_device_leaves() {
+        // Hopper: 227 KiB a block.
+        assert_eq!(shared_room(196_608, 232_448, 1024), 196_608);
+        // sm_120: 99 KiB a block.
+        assert_eq!(shared_room(196_608, 101_376, 1024), 100_352);
+        assert_eq!(shared_room(70_752, 101_376, 0), 70_752);
+        assert_eq!(shared_room(4096, 1000, 2000), 0);
+    }
 }

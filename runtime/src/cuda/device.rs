@@ -65,6 +65,10 @@ pub struct Device {
     pub name: String,
     /// Streaming multiprocessors (132 on the H200): how many blocks fill the GPU.
     pub sms: usize,
+    /// The most shared memory a block may have (227 KiB on Hopper, 99 KiB on sm_120 and
+    /// sm_89): what a kernel's launches may ask for (`compile::shared_room`), or less where
+    /// the backend's options say so (`CudaOptions::shared_optin`).
+    pub shared_optin: u32,
     /// Freed activation buffers by bucket size, reused by [`Device::alloc`]: cuMemFree
     /// synchronizes the whole device, and a decode step allocates hundreds of buffers.
     pool: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
@@ -92,12 +96,20 @@ fn bucket(bytes: usize) -> usize {
 
 impl Device {
     pub fn open() -> Result<Arc<Device>, CudaError> {
+        Device::open_with(None)
+    }
+
+    /// `open`, a block's shared memory bounded by `shared_optin` bytes where that is less
+    /// than the device's (to run a smaller device's paths on a larger one).
+    pub fn open_with(shared_optin: Option<u32>) -> Result<Arc<Device>, CudaError> {
         probe().map_err(CudaError)?;
         let ctx = CudaContext::new(0)?;
         let (maj, min) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize;
-        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, pool: Mutex::new(HashMap::new()), held: Mutex::new(Vec::new()), branching: Default::default(), runs: Default::default(), plan: Mutex::new(LaunchPlan::default()) }))
+        let optin = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0) as u32;
+        let shared_optin = shared_optin.map_or(optin, |v| v.min(optin));
+        Ok(Arc::new(Device { ctx, sm: (maj * 10 + min) as u32, name, sms, shared_optin, pool: Mutex::new(HashMap::new()), held: Mutex::new(Vec::new()), branching: Default::default(), runs: Default::default(), plan: Mutex::new(LaunchPlan::default()) }))
     }
 
     /// Makes the context current on the calling thread (every entry point calls this).

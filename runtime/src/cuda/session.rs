@@ -22,6 +22,9 @@ pub struct CudaOptions {
     pub placement: Placement,
     /// Tensors generated in device memory (random) instead of copied from the file.
     pub generate: std::collections::BTreeSet<String>,
+    /// The most shared memory a block may have, where less than the device's: runs the
+    /// paths of a device with less (sm_120's 99 KiB) on this one (`Device::open_with`).
+    pub shared_optin: Option<u32>,
 }
 
 impl From<CudaError> for ModelError {
@@ -53,7 +56,7 @@ impl<'m> CudaBackend<'m> {
         for g in [&model.graph, &model.graph_plain] {
             check_expert_sources(g, &model.weights)?;
         }
-        let dev = Device::open()?;
+        let dev = Device::open_with(opts.shared_optin)?;
         let target = super::compile::target_for(dev.sm);
         // A model the device cannot hold is refused before its kernels compile.
         let graphs = [&model.graph, &model.graph_plain];

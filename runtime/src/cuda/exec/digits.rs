@@ -16,8 +16,9 @@ pub(super) enum DownInput {
     Rows { g: u64, u: u64, clamp: f32 },
 }
 
-/// The dynamic shared memory a routing launch over `n` experts asks for: all the kernel
-/// may have (`cuda_router::MAX_SHARED_BYTES`, 192 KiB), where it needs a few KiB, so that
+/// The dynamic shared memory a routing launch of kernel `kl` over `n` experts asks for: all
+/// the kernel may have (`cuda_router::MAX_SHARED_BYTES`, 192 KiB, or what the device leaves
+/// it: `Loaded::shared_room`), where it needs a few KiB, so that
 /// each of its blocks holds an SM alone. The shared expert's gate and up start beside it
 /// (their own lane, the same input), and where their blocks shared its SMs the routing took
 /// ~7 µs where it takes ~4 alone, on the path to the routed experts. H200, synthetic q2
@@ -26,10 +27,10 @@ pub(super) enum DownInput {
 /// 60 KB, or the kernel's preferred carveout at all shared memory with its few KiB, did not
 /// do it (the first no change, the second slower). `DS4_ROUTER_ALONE=0` asks for what the
 /// launch needs.
-fn routing_shared_bytes(n: usize) -> u32 {
+fn routing_shared_bytes(kl: &crate::cuda::compile::Loaded, n: usize) -> u32 {
     match switched_off!("DS4_ROUTER_ALONE") {
         true => cuda_router::shared_bytes(n),
-        false => cuda_router::MAX_SHARED_BYTES,
+        false => cuda_router::shared_bytes(n).max(kl.shared_room),
     }
 }
 
@@ -237,7 +238,7 @@ impl GpuExecutor<'_> {
         if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) || !self.kernels.by_name.contains_key(cuda_router::NAME) {
             return None;
         }
-        self.plan.router(scores).filter(|c| cuda_router::fits(n, c.k))
+        self.plan.router(scores).filter(|c| cuda_router::fits(n, c.k) && cuda_router::shared_bytes(n) <= self.shared_room(cuda_router::NAME))
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -277,16 +278,17 @@ impl GpuExecutor<'_> {
             (Some(moe), Some(_)) if tokens == 1 && !switched_off!("DS4_ROUTER_DIGITS") => self.experts_take_digits(moe)?,
             _ => false,
         };
-        if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0) {
+        if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0 && cuda_router::shared_bytes(n) <= self.shared_room(cuda_router::WITH_DIGITS)) {
             let kl = self.kernels.get(cuda_router::WITH_DIGITS)?;
             let (xd, xs, xsum) = self.alloc_digits(x.len)?;
             named.extend([("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x.ptr())), ("xk", u(x.len)), ("tokens", u(tokens))]);
             // The routing's threads make x_digits' warps of 32 values too.
             let blocks = tokens + (x.len / cuda_digits::X_BLOCK).div_ceil(cuda_router::threads(n) as usize / 32);
-            self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(n), &named)?;
+            self.call_threads(kl, cuda_router::WITH_DIGITS, (blocks as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(kl, n), &named)?;
             self.digits_ahead.replace(Some(DigitsAhead { x: x.ptr(), len: x.len, digits: (xd, xs, xsum) }));
         } else {
-            self.call_threads(self.kernels.get(cuda_router::NAME)?, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(n), &named)?;
+            let kl = self.kernels.get(cuda_router::NAME)?;
+            self.call_threads(kl, cuda_router::NAME, (tokens as u32, 1, 1), cuda_router::threads(n), routing_shared_bytes(kl, n), &named)?;
         }
         Ok(Some(vec![(c.biased.index(), GVal::Freed), (c.top_k.index(), GVal::I(DevSlice::whole(sel, tokens * c.k))), (c.weights.index(), GVal::F(DevSlice::whole(wts, tokens * c.k)))]))
     }

@@ -295,8 +295,18 @@ impl GpuExecutor<'_> {
         }
     }
 
+    /// The most dynamic shared memory a launch of kernel `name` may ask for on this device
+    /// (`compile::shared_room`; 0 where it is not loaded).
+    fn shared_room(&self, name: &str) -> u32 {
+        self.kernels.by_name.get(name).map_or(0, |k| k.shared_room)
+    }
+
     /// `call_loaded` with blocks of `threads` (op kernels stride their loops by the block).
     fn call_threads(&self, k: &Loaded, name: &str, grid: (u32, u32, u32), threads: u32, shared: u32, named: &Named) -> Result<(), ExecError> {
+        // Up to 48 KiB needs no asking; past it, what the device left the kernel.
+        if shared > k.shared_room.max(48 * 1024) {
+            return Err(CudaError(format!("{name}: a launch asks for {shared} bytes of shared memory, where this device gives it {}", k.shared_room)).into());
+        }
         let mut args = Vec::with_capacity(k.params.len());
         for (p, sig) in &k.params {
             let a = named.iter().find(|(n, _)| n == p).map(|(_, a)| *a).ok_or_else(|| CudaError(format!("{name}: no argument for {p}")))?;
