@@ -18,8 +18,8 @@ pub(super) enum DownInput {
 
 /// The dynamic shared memory a routing launch of kernel `kl` over `n` experts asks for: all
 /// the kernel may have (`cuda_router::MAX_SHARED_BYTES`, 192 KiB, or what the device leaves
-/// it: `Loaded::shared_room`), where it needs a few KiB, so that
-/// each of its blocks holds an SM alone. The shared expert's gate and up start beside it
+/// it: `Loaded::shared_room`), where it needs a few KiB, so that each of its blocks holds
+/// an SM alone. The shared expert's gate and up start beside it
 /// (their own lane, the same input), and where their blocks shared its SMs the routing took
 /// ~7 µs where it takes ~4 alone, on the path to the routed experts. H200, synthetic q2
 /// (bench/RESULTS.md, thirty-third stop): a CSA layer 131.7 -> 130.0 µs, an HCA layer
