@@ -80,7 +80,7 @@ pub struct Kernels {
 /// that gives a block `optin` bytes at most, `fixed` of them the kernel's static shared
 /// memory. Where that is less than `wanted` (the top-k sort's 128 KiB or the routing's 192
 /// KiB on a device of 99 KiB a block), the launches that need more take their fallbacks
-/// (`GpuExecutor::shared_room`), and the kernel still loads.
+/// (`GpuExecutor::has_room`), and the kernel still loads.
 pub fn shared_room(wanted: u32, optin: u32, fixed: u32) -> u32 {
     wanted.min(optin.saturating_sub(fixed))
 }

@@ -425,20 +425,11 @@ fn run_order(g: &Graph, queries: &[Vec<NodeId>], indexed: &[Vec<NodeId>]) -> Vec
 /// compressor's now come one after the other, one `copy_spans` launch. An HCA layer 111.5 →
 /// 110.1 µs (RESULTS.md, twenty-eighth stop); `DS4_COMP_FIRST=0` keeps the graph's order.
 fn compressors_first(g: &Graph, order: &mut Vec<NodeId>) {
-    // Back from `id` through the first inputs of single-input-chain nodes to one matching `is`.
-    let back = |mut id: NodeId, is: &dyn Fn(&Op) -> bool| -> Option<NodeId> {
-        for _ in 0..16 {
-            if is(&g.node(id).op) {
-                return Some(id);
-            }
-            id = *g.inputs(id).first()?;
-        }
-        None
-    };
+    let found = |id, is: &dyn Fn(&Op) -> bool| back_to(g, id, is).map(|(n, _)| n);
     for attn in g.order() {
         let Op::Attention { comp: ds4_ir::CompMode::Causal, .. } = g.node(attn).op else { continue };
         let ins = g.inputs(attn);
-        let (Some(kv), Some(pool)) = (back(ins[1], &|op| matches!(op, Op::MatMul)), ins.get(3).and_then(|&r| back(r, &|op| matches!(op, Op::CompressPool { .. })))) else { continue };
+        let (Some(kv), Some(pool)) = (found(ins[1], &|op| matches!(op, Op::MatMul)), ins.get(3).and_then(|&r| found(r, &|op| matches!(op, Op::CompressPool { .. })))) else { continue };
         let projections: Vec<NodeId> = g.inputs(pool)[..2].iter().copied().filter(|&m| matches!(g.node(m).op, Op::MatMul)).collect();
         place(g, order, &projections, Some(kv));
     }
@@ -455,24 +446,30 @@ fn compressors_first(g: &Graph, order: &mut Vec<NodeId>) {
 fn kv_row_late(g: &Graph, order: &mut Vec<NodeId>) {
     for attn in g.order() {
         let Op::Attention { comp: ds4_ir::CompMode::Selected, .. } = g.node(attn).op else { continue };
-        // Back from the window's log through first inputs to the KV row's mat-vec.
-        let mut chain = Vec::new();
-        let mut id = g.inputs(attn)[1];
-        while chain.len() < 16 && !matches!(g.node(id).op, Op::MatMul) {
-            chain.push(id);
-            match g.inputs(id).first() {
-                Some(&i) => id = i,
-                None => break,
-            }
-        }
+        // From the window's log back to the KV row's mat-vec: the chain is the nodes between.
+        let Some((_, mut chain)) = back_to(g, g.inputs(attn)[1], &|op| matches!(op, Op::MatMul)) else { continue };
         // Only a chain that is the attention's alone moves.
         let alone = |n: &NodeId| g.consumers(*n).iter().all(|c| *c == attn || chain.contains(c));
-        if !matches!(g.node(id).op, Op::MatMul) || !chain.iter().all(alone) {
+        if !chain.iter().all(alone) {
             continue;
         }
         chain.reverse();
         place(g, order, &chain, Some(attn));
     }
+}
+
+/// Back from `id` through first inputs to the first node (at most 16 steps) whose op
+/// matches `is`: that node, and the nodes passed on the way (from `id` on).
+fn back_to(g: &Graph, mut id: NodeId, is: &dyn Fn(&Op) -> bool) -> Option<(NodeId, Vec<NodeId>)> {
+    let mut passed = Vec::new();
+    for _ in 0..16 {
+        if is(&g.node(id).op) {
+            return Some((id, passed));
+        }
+        passed.push(id);
+        id = *g.inputs(id).first()?;
+    }
+    None
 }
 
 /// The readers of `nodes` outside them (a branch's joins).

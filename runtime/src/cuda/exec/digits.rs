@@ -231,14 +231,14 @@ impl GpuExecutor<'_> {
 
     /// The routing chain at scores node `scores` where it runs as one `router_select`
     /// launch (`tokens` tokens, `n` experts): a decode's tokens, up to
-    /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`, the kernel loaded;
-    /// `DS4_ROUTER=0`: never. `hc_pre`'s router part asks it too (`router_part`), since
+    /// `cuda_top_k::MAX_N` experts, k ≤ `cuda_router::MAX_K`, the kernel loaded with the
+    /// shared memory the launch needs; `DS4_ROUTER=0`: never. `hc_pre`'s router part asks it too (`router_part`), since
     /// only that launch can add the parts it makes.
     pub(super) fn routing_launch(&self, scores: ds4_ir::NodeId, tokens: usize, n: usize) -> Option<&crate::cuda::router::RouterChain> {
-        if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) || !self.kernels.by_name.contains_key(cuda_router::NAME) {
+        if switched_off!("DS4_ROUTER") || !(1..=cuda_router::MAX_TOKENS).contains(&tokens) {
             return None;
         }
-        self.plan.router(scores).filter(|c| cuda_router::fits(n, c.k) && cuda_router::shared_bytes(n) <= self.shared_room(cuda_router::NAME))
+        self.plan.router(scores).filter(|c| cuda_router::fits(n, c.k) && self.has_room(cuda_router::NAME, cuda_router::shared_bytes(n)))
     }
 
     /// The MoE routing that starts at scores node `scores` (`router.rs`), as one
@@ -278,7 +278,7 @@ impl GpuExecutor<'_> {
             (Some(moe), Some(_)) if tokens == 1 && !switched_off!("DS4_ROUTER_DIGITS") => self.experts_take_digits(moe)?,
             _ => false,
         };
-        if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0 && cuda_router::shared_bytes(n) <= self.shared_room(cuda_router::WITH_DIGITS)) {
+        if let Some(x) = x.filter(|x| with_digits && x.len % cuda_digits::X_BLOCK == 0 && self.has_room(cuda_router::WITH_DIGITS, cuda_router::shared_bytes(n))) {
             let kl = self.kernels.get(cuda_router::WITH_DIGITS)?;
             let (xd, xs, xsum) = self.alloc_digits(x.len)?;
             named.extend([("xd", Arg::Ptr(xd.ptr)), ("xs", Arg::Ptr(xs.ptr)), ("xsum", Arg::Ptr(xsum.ptr)), ("x", Arg::Ptr(x.ptr())), ("xk", u(x.len)), ("tokens", u(tokens))]);

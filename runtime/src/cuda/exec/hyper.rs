@@ -95,9 +95,9 @@ impl<'a> GpuExecutor<'a> {
         }
         // The collapse read by nothing but the norm made here: not kept (the launch may not
         // write it, `cuda_hc_pre::params`).
-        let collapse = match (norm.is_some(), y) {
-            (false, Some(y)) => GVal::F(DevSlice::whole(y, tokens * d)),
-            _ => GVal::Freed,
+        let collapse = match y.filter(|_| norm.is_none()) {
+            Some(y) => GVal::F(DevSlice::whole(y, tokens * d)),
+            None => GVal::Freed,
         };
         let mut made = vec![(c.proj.index(), GVal::Freed), (c.mix.index(), GVal::F(DevSlice::whole(mix, tokens * mw))), (c.collapse.index(), collapse)];
         if let Some((_, _, parts)) = router {

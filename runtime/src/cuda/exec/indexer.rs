@@ -14,7 +14,7 @@ impl GpuExecutor<'_> {
         let common = [("n_rows", u(n_rows)), ("heads", u(heads)), ("dk", u(dk)), ("pos0", u(bind.pos0)), ("ratio", u(ratio))];
         // A decode token's scores in one launch (cuda_indexer_scores.rs: the CPU's
         // floats); `DS4_INDEXER_VEC=0` turns it off.
-        if cuda_indexer_scores::fits(tokens, heads, dk, n_rows) && cuda_indexer_scores::shared_bytes(heads, dk) <= self.shared_room(cuda_indexer_scores::NAME) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") && self.kernels.by_name.contains_key(cuda_indexer_scores::NAME) {
+        if cuda_indexer_scores::fits(tokens, heads, dk, n_rows) && self.has_room(cuda_indexer_scores::NAME, cuda_indexer_scores::shared_bytes(heads, dk)) && (q | rows) % 16 == 0 && !switched_off!("DS4_INDEXER_VEC") {
             let out = self.dev.alloc(n_out * 4)?;
             let tile = cuda_indexer_scores::tile_rows(n_rows, self.dev.sms);
             let named = [&[("out", Arg::Ptr(out.ptr)), ("q", Arg::Ptr(q)), ("w", nv.f(1)?), ("rows", Arg::Ptr(rows)), ("tile_rows", u(tile))][..], &common].concat();
@@ -43,7 +43,7 @@ impl GpuExecutor<'_> {
         // order, unsorted (`FusionPlan::rows_top_k`; `DS4_TOP_K_ROWS=0` sorts).
         let rows = self.plan.rows_top_k(nv.id) && cuda_top_k_radix::fits(k) && !switched_off!("DS4_TOP_K_ROWS") && self.kernels.by_name.contains_key(cuda_top_k_radix::ROWS_NAME);
         // The sort holds the row's keys in shared memory: where the device has the room.
-        let sorts = cuda_top_k::fits(n) && cuda_top_k::shared_bytes(n) <= self.shared_room(cuda_top_k::NAME);
+        let sorts = cuda_top_k::fits(n) && self.has_room(cuda_top_k::NAME, cuda_top_k::shared_bytes(n));
         let radix = (n > cuda_top_k_radix::FROM_N || !sorts) && cuda_top_k_radix::fits(k) && !switched_off!("DS4_TOP_K_RADIX");
         let block = if rows {
             (cuda_top_k_radix::ROWS_NAME, cuda_top_k_radix::THREADS, 0)

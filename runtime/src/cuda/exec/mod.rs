@@ -295,10 +295,10 @@ impl GpuExecutor<'_> {
         }
     }
 
-    /// The most dynamic shared memory a launch of kernel `name` may ask for on this device
-    /// (`compile::shared_room`; 0 where it is not loaded).
-    fn shared_room(&self, name: &str) -> u32 {
-        self.kernels.by_name.get(name).map_or(0, |k| k.shared_room)
+    /// Whether a launch of kernel `name` may ask for `bytes` of dynamic shared memory on
+    /// this device (`compile::shared_room`; false where it is not loaded).
+    fn has_room(&self, name: &str, bytes: u32) -> bool {
+        self.kernels.by_name.get(name).is_some_and(|k| bytes <= k.shared_room)
     }
 
     /// `call_loaded` with blocks of `threads` (op kernels stride their loops by the block).
