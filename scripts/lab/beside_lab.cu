@@ -10,6 +10,8 @@
 #include <initializer_list>
 
 constexpr int K = 4096, N = 1024, ROWS = 4;
+// Copies of the matrix, launches taking them in turn.
+constexpr int COPIES = 8;
 constexpr int ROW_BYTES = K / 64 * 68;  // Q8_0_R: two f16 scales, then 64 int8, a 64-value block
 
 // The hc_pre stand-in: every thread runs dependent multiply-adds on 48 values until `ns`
@@ -68,12 +70,18 @@ __global__ void __launch_bounds__(32 * ROWS) q8_rows(float* out, const unsigned 
         }
 }
 
+// A launch of q8_rows<NX, RW> over the matrix's copy i % COPIES (each launch reads its own
+// copy, so that no launch finds the last one's rows in L2).
+template <int NX, int RW>
+void q8_launch(cudaStream_t s, int i, float* out, const unsigned char* w, const float* x) {
+    q8_rows<NX, RW><<<N / ROWS / RW, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x);
+}
+
 int main() {
     cudaStream_t st, side;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     // Each pattern reads its own copy of the matrix (so that none comes from L2).
-    const int COPIES = 8;
     unsigned char* w;
     float *x, *out;
     CK(cudaMalloc(&w, (size_t)COPIES * N * ROW_BYTES));
@@ -94,11 +102,11 @@ int main() {
     const int calls = 40;
     for (unsigned long long ns : {5000ull, 7000ull}) {
         auto pre = [&](cudaStream_t s) { pre_like<<<24, 1024, 0, s>>>(out, ns, 1.0f); };
-        auto q1 = [&](cudaStream_t s, int i) { q8_rows<1, 1><<<N / ROWS, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x); };
-        auto q5 = [&](cudaStream_t s, int i) { q8_rows<5, 2><<<N / ROWS / 2, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x); };
-        auto q5r1 = [&](cudaStream_t s, int i) { q8_rows<5, 1><<<N / ROWS, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x); };
-        auto q5r4 = [&](cudaStream_t s, int i) { q8_rows<5, 4><<<N / ROWS / 4, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x); };
-        auto q1r2 = [&](cudaStream_t s, int i) { q8_rows<1, 2><<<N / ROWS / 2, 32 * ROWS, 0, s>>>(out, w + (size_t)(i % COPIES) * N * ROW_BYTES, x); };
+        auto q1 = [&](cudaStream_t s, int i) { q8_launch<1, 1>(s, i, out, w, x); };
+        auto q5 = [&](cudaStream_t s, int i) { q8_launch<5, 2>(s, i, out, w, x); };
+        auto q5r1 = [&](cudaStream_t s, int i) { q8_launch<5, 1>(s, i, out, w, x); };
+        auto q5r4 = [&](cudaStream_t s, int i) { q8_launch<5, 4>(s, i, out, w, x); };
+        auto q1r2 = [&](cudaStream_t s, int i) { q8_launch<1, 2>(s, i, out, w, x); };
         // A fork: `first` then `second` made on the two lanes, joined before the next pattern.
         auto beside = [&](cudaStream_t s, int i, bool pre_first) {
             CK(cudaEventRecord(fork, s));

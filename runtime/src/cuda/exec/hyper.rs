@@ -16,10 +16,7 @@ impl<'a> GpuExecutor<'a> {
         let chain = self.plan.hc_pre(norm);
         // The shared expert's share an FFN's expand left for this launch (`SharedLater`).
         let later = self.shared_later.borrow_mut().take_if(|l| chain.is_some_and(|c| c.streams.index() == l.streams));
-        let taken = match chain {
-            Some(c) => self.hc_pre_fits(c, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16)).map(|w| (c, w)),
-            None => None,
-        };
+        let taken = self.chain_takes(chain, tokens, n)?.filter(|_| x.ptr().is_multiple_of(16));
         let Some((c, w)) = taken else {
             return match later {
                 Some(_) => Err(ExecError::Internal(format!("{}: the shared expert's share was left for an hc_pre launch that does not run", self.graph.node(norm).label))),
@@ -119,21 +116,18 @@ impl<'a> GpuExecutor<'a> {
     /// few tokens, an F16 projection, a mix that fits a warp; `DS4_HC_PRE=0`: never. With
     /// the projection's weight.
     pub(super) fn hc_pre_takes(&self, norm: ds4_ir::NodeId, tokens: usize, n: usize) -> Result<Option<(&'a super::super::hc_pre::HcPreChain, &'a DeviceTensor)>, ExecError> {
-        match self.plan.hc_pre(norm) {
-            Some(c) => Ok(self.hc_pre_fits(c, tokens, n)?.map(|w| (c, w))),
-            None => Ok(None),
-        }
+        self.chain_takes(self.plan.hc_pre(norm), tokens, n)
     }
 
-    /// Chain `c`'s projection weight where the chain runs as one `hc_pre` launch
-    /// (`hc_pre_takes`).
-    fn hc_pre_fits(&self, c: &'a super::super::hc_pre::HcPreChain, tokens: usize, n: usize) -> Result<Option<&'a DeviceTensor>, ExecError> {
+    /// `hc_pre_takes` for a chain already looked up (`hc_pre` looks it up once a launch).
+    fn chain_takes(&self, chain: Option<&'a super::super::hc_pre::HcPreChain>, tokens: usize, n: usize) -> Result<Option<(&'a super::super::hc_pre::HcPreChain, &'a DeviceTensor)>, ExecError> {
+        let Some(c) = chain else { return Ok(None) };
         if switched_off!("DS4_HC_PRE") || !self.kernels.by_name.contains_key(cuda_hc_pre::NAME) {
             return Ok(None);
         }
         let w = self.weights.tensor(&c.w)?;
         let fits = n.is_multiple_of(c.nh) && cuda_hc_pre::fits(c.nh, n / c.nh, tokens) && w.ty == ds4_ir::GgmlType::F16;
-        Ok(fits.then_some(w))
+        Ok(fits.then_some((c, w)))
     }
 
     /// The router mat-vec an `hc_pre` launch of chain `c` (`tokens` tokens, streams of `d`,
